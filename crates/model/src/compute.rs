@@ -1,0 +1,183 @@
+//! Recompute (prefill) cost at the target region.
+//!
+//! Two terms, each explicit:
+//! - **weights**: forward FLOPs per token ≈ 2 × active parameters (Kaplan et al. 2020,
+//!   arXiv 2001.08361, Table 1: C_forward ≈ 2N). For a mixture-of-experts model only the
+//!   parameters a token is routed through count (Mixtral, arXiv 2401.04088 §1: 13B active of
+//!   47B; DeepSeek-V3, arXiv 2412.19437: 37B active of 671B). This is the seed's linear term.
+//! - **attention**: the QKᵀ and AV products, which the 2N rule leaves out. A query at position
+//!   i attends to i+1 keys (causal mask), costing 2 × q_heads × (qk_head_dim + v_head_dim)
+//!   FLOPs per key per layer (PaLM, arXiv 2204.02311, Appendix B counts the same two
+//!   matmuls as 4·L·H·Q·T per token over a full context T). Summed over a prefix the term is
+//!   quadratic, so per-token prefill cost rises with the context already cached.
+//!
+//! Time = FLOPs / (peak FLOP/s × MFU). No clock, no I/O: measured profiles enter as inputs.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ModelError, count, fraction, positive};
+
+/// The attention dimensions that set the quadratic prefill term.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct AttentionShape {
+    /// Layers with attention.
+    pub layers: u32,
+    /// Query heads (not KV heads: GQA shares K/V, not the score computation).
+    pub q_heads: u32,
+    /// Per-head dimension of queries and keys (MLA: nope + rope, e.g. 128 + 64).
+    pub qk_head_dim: u32,
+    /// Per-head dimension of values.
+    pub v_head_dim: u32,
+}
+
+impl AttentionShape {
+    /// FLOPs for one (query, key) pair summed over all layers and heads:
+    /// 2 × layers × q_heads × (qk_head_dim + v_head_dim).
+    pub fn flops_per_query_key(&self) -> f64 {
+        2.0 * f64::from(self.layers)
+            * f64::from(self.q_heads)
+            * (f64::from(self.qk_head_dim) + f64::from(self.v_head_dim))
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        count("attention.layers", self.layers.into())?;
+        count("attention.q_heads", self.q_heads.into())?;
+        count("attention.qk_head_dim", self.qk_head_dim.into())?;
+        count("attention.v_head_dim", self.v_head_dim.into())?;
+        Ok(())
+    }
+}
+
+/// How fast the target region prefills.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct ComputeModel {
+    /// Parameters each token passes through (dense: all; MoE: active).
+    pub active_params: f64,
+    /// Accelerator peak, FLOP/s (dense BF16 for the presets).
+    pub peak_flops: f64,
+    /// Model FLOPs utilization achieved by prefill, in (0, 1].
+    pub mfu: f64,
+    /// The attention term; `None` reproduces the seed's linear model.
+    pub attention: Option<AttentionShape>,
+}
+
+impl ComputeModel {
+    /// Validated constructor.
+    pub fn new(
+        active_params: f64,
+        peak_flops: f64,
+        mfu: f64,
+        attention: Option<AttentionShape>,
+    ) -> Result<Self, ModelError> {
+        positive("active_params", active_params)?;
+        positive("peak_flops", peak_flops)?;
+        fraction("mfu", mfu)?;
+        if let Some(a) = &attention {
+            a.validate()?;
+        }
+        Ok(Self { active_params, peak_flops, mfu, attention })
+    }
+
+    /// Effective FLOP/s.
+    pub fn effective_flops(&self) -> f64 {
+        self.peak_flops * self.mfu
+    }
+
+    /// Seconds per token of the weights term (the seed's `recompute_per_token`).
+    pub fn linear_seconds_per_token(&self) -> f64 {
+        2.0 * self.active_params / self.effective_flops()
+    }
+
+    /// Seconds per (query, key) pair of the attention term; 0 when attention is off.
+    pub fn attention_seconds_per_pair(&self) -> f64 {
+        self.attention.map_or(0.0, |a| a.flops_per_query_key() / self.effective_flops())
+    }
+
+    /// Seconds to prefill `tokens` tokens starting from an empty cache.
+    pub fn recompute_seconds(&self, tokens: u64) -> f64 {
+        self.recompute_span_seconds(0, tokens)
+    }
+
+    /// Seconds to prefill `tokens` new tokens on top of `cached` tokens already in the cache.
+    ///
+    /// Linear term: `tokens × 2N / (peak × mfu)` (evaluated in the seed's order so that its
+    /// printed numbers reproduce bit-for-bit). Attention term: the new tokens at positions
+    /// `cached..cached+tokens` attend to `cached + tokens·(tokens+1)/2 / tokens` keys on average.
+    pub fn recompute_span_seconds(&self, cached: u64, tokens: u64) -> f64 {
+        let n = tokens as f64;
+        let linear = n * (2.0 * self.active_params) / self.effective_flops();
+        match self.attention {
+            None => linear,
+            Some(a) => {
+                let c = cached as f64;
+                // Σ_{i=c}^{c+n-1} (i + 1) = n·c + n(n+1)/2
+                let pairs = n * c + n * (n + 1.0) / 2.0;
+                linear + pairs * a.flops_per_query_key() / self.effective_flops()
+            }
+        }
+    }
+
+    /// Marginal seconds of the token at position `position` (0-based): grows with position
+    /// when attention is on.
+    pub fn seconds_for_token_at(&self, position: u64) -> f64 {
+        self.recompute_span_seconds(position, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seed() -> ComputeModel {
+        ComputeModel::new(70e9, 989e12, 0.40, None).unwrap()
+    }
+
+    #[test]
+    fn linear_is_the_seed() {
+        let m = seed();
+        assert_eq!(format!("{:.2}", m.linear_seconds_per_token() * 1e6), "353.89");
+        assert_eq!(format!("{:.2}", m.recompute_seconds(1000) * 1e3), "353.89");
+        assert_eq!(m.recompute_span_seconds(5000, 10), m.recompute_seconds(10));
+    }
+
+    #[test]
+    fn attention_makes_per_token_cost_rise_with_context() {
+        let a = AttentionShape { layers: 80, q_heads: 64, qk_head_dim: 128, v_head_dim: 128 };
+        let m = ComputeModel::new(70e9, 989e12, 0.4, Some(a)).unwrap();
+        assert!(m.seconds_for_token_at(100_000) > m.seconds_for_token_at(1000));
+        assert!(m.seconds_for_token_at(1000) > m.linear_seconds_per_token());
+        // Quadratic: doubling the prefix more than doubles the time.
+        assert!(m.recompute_seconds(64_000) > 2.0 * m.recompute_seconds(32_000));
+        // Spans add up: [0, a) + [a, a+b) == [0, a+b).
+        let whole = m.recompute_seconds(3000);
+        let parts = m.recompute_seconds(1200) + m.recompute_span_seconds(1200, 1800);
+        assert!((whole - parts).abs() < 1e-12 * whole);
+        // At 128k context on Llama-3.1-70B shapes attention outweighs the weights:
+        // 2·L·H·2d·T(T+1)/2 vs 2N·T  =>  ratio = L·H·2d·(T+1) / (2N) ≈ 1.198 at T = 128k.
+        let t = 128_000;
+        let lin = t as f64 * m.linear_seconds_per_token();
+        let ratio = (m.recompute_seconds(t) - lin) / lin;
+        assert!((ratio - 1.1984).abs() < 0.001, "{ratio}");
+    }
+
+    #[test]
+    fn invalid_inputs_are_named() {
+        assert!(matches!(
+            ComputeModel::new(0.0, 1e12, 0.4, None),
+            Err(ModelError::NotPositive { field: "active_params", .. })
+        ));
+        assert!(matches!(
+            ComputeModel::new(1e9, 1e12, 1.5, None),
+            Err(ModelError::FractionOutOfRange { field: "mfu", .. })
+        ));
+        assert!(matches!(
+            ComputeModel::new(1e9, f64::NAN, 0.5, None),
+            Err(ModelError::NotFinite { field: "peak_flops", .. })
+        ));
+        let a = AttentionShape { layers: 1, q_heads: 0, qk_head_dim: 1, v_head_dim: 1 };
+        assert!(matches!(
+            ComputeModel::new(1e9, 1e12, 0.5, Some(a)),
+            Err(ModelError::ZeroCount { field: "attention.q_heads", .. })
+        ));
+    }
+}

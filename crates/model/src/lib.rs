@@ -1,0 +1,38 @@
+//! kvferry's cost model: should the region that now serves a session **fetch** its cached KV
+//! prefix from the region that holds it, **recompute** it locally, or **split** the prefix
+//! between the two?
+//!
+//! Pure: no I/O, no clock, no async, no allocation on the decision path. Every input is a
+//! measured or configured number passed in; the daemon feeds live link and load figures, the
+//! CLI feeds flags. The seed's two scripts (`wan_kv_crossover.py`, `wan_routing_score.py`) are
+//! reproduced exactly when the extensions are off: the attention term (`ComputeModel::attention
+//! = None`), MLA/MoE shapes, dtype and codec ratio (`wire_ratio = 1.0`), and the split.
+//!
+//! Module map:
+//! - [`kv`]: bytes per token (GQA and MLA, any dtype).
+//! - [`compute`]: prefill seconds (weights term, optional attention term).
+//! - [`link`]: fetch seconds (RTT + payload at goodput, codec ratio).
+//! - [`queue`]: M/M/1 waits and their closed-form inverse.
+//! - [`crossover`]: crossover prefix length and crossover utilization.
+//! - [`split`]: the Cake-style split search.
+//! - [`decision`]: [`decide`], the single entry point.
+//! - [`presets`]: model shapes and accelerator peaks with sources.
+
+pub mod compute;
+pub mod crossover;
+pub mod decision;
+pub mod error;
+pub mod kv;
+pub mod link;
+pub mod presets;
+pub mod queue;
+pub mod split;
+
+pub use compute::{AttentionShape, ComputeModel};
+pub use crossover::{crossover_tokens, crossover_utilization};
+pub use decision::{Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide};
+pub use error::ModelError;
+pub use kv::{KvDtype, KvFootprint, KvShape};
+pub use link::LinkModel;
+pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
+pub use split::{SplitInputs, SplitPoint};
