@@ -169,7 +169,8 @@ fn non_negative(flag: &'static str, raw: &Option<String>) -> R<Option<f64>> {
 
 fn count(flag: &'static str, raw: &Option<String>) -> R<Option<u64>> {
     let Some(text) = raw else { return Ok(None) };
-    let v: u64 = text.trim().parse().map_err(|_| bad(flag, format!("must be a whole number >= 1, got {text:?}")))?;
+    let v: u64 =
+        text.trim().parse().map_err(|_| bad(flag, format!("must be a whole number >= 1, got {text:?}")))?;
     if v == 0 {
         return Err(bad(flag, "must be >= 1, got 0"));
     }
@@ -178,7 +179,9 @@ fn count(flag: &'static str, raw: &Option<String>) -> R<Option<u64>> {
 
 fn count_u32(flag: &'static str, raw: &Option<String>) -> R<Option<u32>> {
     match count(flag, raw)? {
-        Some(v) => u32::try_from(v).map(Some).map_err(|_| bad(flag, format!("must be <= {}, got {v}", u32::MAX))),
+        Some(v) => {
+            u32::try_from(v).map(Some).map_err(|_| bad(flag, format!("must be <= {}, got {v}", u32::MAX)))
+        }
         None => Ok(None),
     }
 }
@@ -293,15 +296,20 @@ impl PlanArgs {
         // Link.
         let gbps_given = self.gbps.is_some();
         let gbps = positive("gbps", &self.gbps)?;
-        let gbps = if self.sweep { gbps.unwrap_or(10.0) } else { required("gbps", gbps, "link goodput in Gbit/s")? };
+        let gbps =
+            if self.sweep { gbps.unwrap_or(10.0) } else { required("gbps", gbps, "link goodput in Gbit/s")? };
         let rtt_ms = required("rtt-ms", non_negative("rtt-ms", &self.rtt_ms)?, "round-trip time in ms")?;
         let wire_ratio = positive("wire-ratio", &self.wire_ratio)?.unwrap_or(1.0);
-        let link = LinkModel::new(gbps, rtt_ms / 1000.0, wire_ratio).map_err(|e| bad("gbps", e.to_string()))?;
+        let link =
+            LinkModel::new(gbps, rtt_ms / 1000.0, wire_ratio).map_err(|e| bad("gbps", e.to_string()))?;
 
         let prefix_given = self.prefix_tokens.is_some();
         let prefix = count("prefix-tokens", &self.prefix_tokens)?;
-        let prefix_tokens =
-            if self.sweep { prefix.unwrap_or(8192) } else { required("prefix-tokens", prefix, "cached tokens")? };
+        let prefix_tokens = if self.sweep {
+            prefix.unwrap_or(8192)
+        } else {
+            required("prefix-tokens", prefix, "cached tokens")?
+        };
 
         // Queues.
         let fetch_util = utilization("fetch-util", &self.fetch_util)?;
@@ -314,7 +322,10 @@ impl PlanArgs {
                 compute: QueueState { utilization: c.unwrap_or(0.0), service_rate: mu },
             }),
             (_, _, None) => {
-                return Err(bad("service-rate", "is required with --fetch-util or --compute-util (requests/s)"));
+                return Err(bad(
+                    "service-rate",
+                    "is required with --fetch-util or --compute-util (requests/s)",
+                ));
             }
         };
 
@@ -326,7 +337,8 @@ impl PlanArgs {
             other => return Err(bad("mode", format!("must be auto, fetch or recompute, got {other:?}"))),
         };
         let defaults = Policy::default();
-        let split_min_gain = non_negative("split-min-gain", &self.split_min_gain)?.unwrap_or(defaults.split_min_gain);
+        let split_min_gain =
+            non_negative("split-min-gain", &self.split_min_gain)?.unwrap_or(defaults.split_min_gain);
         if split_min_gain > 1.0 {
             return Err(bad("split-min-gain", format!("must be in [0, 1], got {split_min_gain}")));
         }
@@ -418,7 +430,10 @@ pub fn human(r: &Resolved, d: &Decision) -> String {
             format!("2 x {layers} layers x {kv_heads} KV heads x {head_dim} dim x {} B", s.kv.element_bytes)
         }
         KvShape::Mla { layers, latent_dim, rope_dim } => {
-            format!("MLA {layers} layers x ({latent_dim} latent + {rope_dim} rope) x {} B", s.kv.element_bytes)
+            format!(
+                "MLA {layers} layers x ({latent_dim} latent + {rope_dim} rope) x {} B",
+                s.kv.element_bytes
+            )
         }
     };
     let name = r.model_name.map(|n| format!(" [{n}]")).unwrap_or_default();
@@ -434,8 +449,11 @@ pub fn human(r: &Resolved, d: &Decision) -> String {
         c.mfu,
         d.recompute_seconds_per_token * 1e6,
         match c.attention {
-            Some(a) => format!("on ({} q heads, +{:.3} us/token per 1k tokens of context)", a.q_heads,
-                c.attention_seconds_per_pair() * 1e9),
+            Some(a) => format!(
+                "on ({} q heads, +{:.3} us/token per 1k tokens of context)",
+                a.q_heads,
+                c.attention_seconds_per_pair() * 1e9
+            ),
             None => "off (seed's linear model)".to_owned(),
         }
     );
@@ -476,7 +494,10 @@ pub fn human(r: &Resolved, d: &Decision) -> String {
     } else if r.policy.allow_split {
         format!("gain {:.1}% over the better pure action", d.split.gain * 100.0)
     } else {
-        format!("gain {:.1}% over the better pure action; not allowed (pass --allow-split)", d.split.gain * 100.0)
+        format!(
+            "gain {:.1}% over the better pure action; not allowed (pass --allow-split)",
+            d.split.gain * 100.0
+        )
     };
     o += &format!(
         "  split      {:>12}   WAN {:>10}   target GPU {:.3} s   recompute [0, {}) + fetch [{}, {p}): {split_note}\n",

@@ -3,8 +3,25 @@
 use std::process::{Command, Output};
 
 const SEED: &[&str] = &[
-    "plan", "--layers", "80", "--kv-heads", "8", "--head-dim", "128", "--dtype-bytes", "2", "--params", "70e9",
-    "--tflops", "989", "--mfu", "0.4", "--gbps", "100", "--rtt-ms", "70",
+    "plan",
+    "--layers",
+    "80",
+    "--kv-heads",
+    "8",
+    "--head-dim",
+    "128",
+    "--dtype-bytes",
+    "2",
+    "--params",
+    "70e9",
+    "--tflops",
+    "989",
+    "--mfu",
+    "0.4",
+    "--gbps",
+    "100",
+    "--rtt-ms",
+    "70",
 ];
 
 fn kvferry(args: &[&str]) -> Output {
@@ -57,7 +74,13 @@ fn weak_link_never_fetches_and_split_needs_permission() {
 #[test]
 fn queue_terms_give_the_seed_threshold() {
     let v = json(&seed_with(&[
-        "--prefix-tokens", "600", "--compute-util", "0.1", "--service-rate", "20", "--json",
+        "--prefix-tokens",
+        "600",
+        "--compute-util",
+        "0.1",
+        "--service-rate",
+        "20",
+        "--json",
     ]));
     assert_eq!(format!("{:.2}", v["fetch_seconds"].as_f64().unwrap() * 1e3), "85.73");
     assert_eq!(format!("{:.4}", v["crossover_utilization"].as_f64().unwrap()), "0.7255");
@@ -66,16 +89,44 @@ fn queue_terms_give_the_seed_threshold() {
 #[test]
 fn presets_turn_on_attention() {
     let v = json(&[
-        "plan", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--mfu", "0.4", "--gbps", "100", "--rtt-ms", "70",
-        "--prefix-tokens", "8000", "--json",
+        "plan",
+        "--model",
+        "llama-3.1-70b",
+        "--gpu",
+        "h100-sxm",
+        "--mfu",
+        "0.4",
+        "--gbps",
+        "100",
+        "--rtt-ms",
+        "70",
+        "--prefix-tokens",
+        "8000",
+        "--json",
     ]);
     assert_eq!(v["bytes_per_token"], 327_680.0);
     // 70.6B params and the attention term: slower than the seed's 2831.14 ms.
     assert!(v["recompute_seconds"].as_f64().unwrap() > 2.9);
     assert!(v["inputs"]["scenario"]["compute"]["attention"].is_object());
     let off = json(&[
-        "plan", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--mfu", "0.4", "--gbps", "100", "--rtt-ms", "70",
-        "--prefix-tokens", "8000", "--attention", "off", "--params", "70e9", "--json",
+        "plan",
+        "--model",
+        "llama-3.1-70b",
+        "--gpu",
+        "h100-sxm",
+        "--mfu",
+        "0.4",
+        "--gbps",
+        "100",
+        "--rtt-ms",
+        "70",
+        "--prefix-tokens",
+        "8000",
+        "--attention",
+        "off",
+        "--params",
+        "70e9",
+        "--json",
     ]);
     assert_eq!(format!("{:.2}", off["recompute_seconds"].as_f64().unwrap() * 1e3), "2831.14");
 }
@@ -85,7 +136,15 @@ fn human_output_explains_itself() {
     let out = kvferry(&seed_with(&["--prefix-tokens", "8000"]));
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for needle in ["320.0 KiB/token", "353.89 us/token", "26.21 us/token", "279.72 ms", "2831.14 ms", "214 tokens", "FETCH"] {
+    for needle in [
+        "320.0 KiB/token",
+        "353.89 us/token",
+        "26.21 us/token",
+        "279.72 ms",
+        "2831.14 ms",
+        "214 tokens",
+        "FETCH",
+    ] {
         assert!(text.contains(needle), "missing {needle:?} in\n{text}");
     }
 }

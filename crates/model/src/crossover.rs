@@ -59,7 +59,9 @@ mod tests {
         for (gbps, rtt) in [(5.0, 0.07), (1.0, 0.15), (100.0, 0.07), (100.0, 0.0), (0.1, 0.02)] {
             let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
             let p = crossover_tokens(327_680.0, &c, &l).expect("quadratic recompute always crosses");
-            let rec = |x: f64| c.linear_seconds_per_token() * x + c.attention_seconds_per_pair() * x * (x + 1.0) / 2.0;
+            let rec = |x: f64| {
+                c.linear_seconds_per_token() * x + c.attention_seconds_per_pair() * x * (x + 1.0) / 2.0
+            };
             let fet = |x: f64| rtt + l.seconds_per_token(327_680.0) * x;
             let gap = (rec(p) - fet(p)).abs();
             assert!(gap <= 1e-9 * fet(p).max(1e-9), "gbps {gbps} rtt {rtt}: P {p} gap {gap}");

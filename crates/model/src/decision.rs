@@ -205,10 +205,9 @@ impl fmt::Display for Reason {
                 best_pure_s * 1e3,
                 min_gain * 100.0
             ),
-            Reason::EgressCap { fetch_wire_bytes, cap } => write!(
-                f,
-                "fetching needs {fetch_wire_bytes:.0} WAN bytes, over the {cap:.0}-byte egress cap"
-            ),
+            Reason::EgressCap { fetch_wire_bytes, cap } => {
+                write!(f, "fetching needs {fetch_wire_bytes:.0} WAN bytes, over the {cap:.0}-byte egress cap")
+            }
             Reason::Forced { mode } => write!(f, "forced by policy ({mode:?})"),
         }
     }
@@ -297,9 +296,9 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
 
     let (action, reason) = choose(policy, &fetch, &recompute, &split, best_pure);
 
-    let crossover_utilization = s.queues.and_then(|q| {
-        crossover_utilization(fetch_idle, recompute_idle, &q.compute, q.fetch.service_rate)
-    });
+    let crossover_utilization = s
+        .queues
+        .and_then(|q| crossover_utilization(fetch_idle, recompute_idle, &q.compute, q.fetch.service_rate));
     Ok(Decision {
         action,
         reason,

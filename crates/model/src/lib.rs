@@ -30,7 +30,9 @@ pub mod split;
 
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};
-pub use decision::{Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide};
+pub use decision::{
+    Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide,
+};
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;

@@ -82,8 +82,14 @@ mod tests {
 
     #[test]
     fn invalid_links_are_named() {
-        assert!(matches!(LinkModel::new(0.0, 0.0, 1.0), Err(ModelError::NotPositive { field: "goodput_gbps", .. })));
+        assert!(matches!(
+            LinkModel::new(0.0, 0.0, 1.0),
+            Err(ModelError::NotPositive { field: "goodput_gbps", .. })
+        ));
         assert!(matches!(LinkModel::new(1.0, -1.0, 1.0), Err(ModelError::Negative { field: "rtt_s", .. })));
-        assert!(matches!(LinkModel::new(1.0, 0.0, f64::INFINITY), Err(ModelError::NotFinite { field: "wire_ratio", .. })));
+        assert!(matches!(
+            LinkModel::new(1.0, 0.0, f64::INFINITY),
+            Err(ModelError::NotFinite { field: "wire_ratio", .. })
+        ));
     }
 }

@@ -81,7 +81,10 @@ mod tests {
         for bad in [-0.1, 1.0, 1.5, f64::NAN] {
             assert!(mm1_wait_seconds(bad, 20.0).is_err(), "{bad}");
         }
-        assert!(matches!(mm1_wait_seconds(0.5, 0.0), Err(ModelError::NotPositive { field: "service_rate", .. })));
+        assert!(matches!(
+            mm1_wait_seconds(0.5, 0.0),
+            Err(ModelError::NotPositive { field: "service_rate", .. })
+        ));
         assert!(route_total_latency(1.0, 1.0, 20.0).is_err());
     }
 

@@ -65,8 +65,7 @@ impl SplitInputs<'_> {
     pub fn evaluate(&self, k: u64) -> SplitPoint {
         let p = self.prefix_tokens;
         let k = k.min(p);
-        let compute_leg =
-            if k == 0 { 0.0 } else { self.compute_wait_s + self.compute.recompute_seconds(k) };
+        let compute_leg = if k == 0 { 0.0 } else { self.compute_wait_s + self.compute.recompute_seconds(k) };
         let fetch_leg = if k == p {
             0.0
         } else {

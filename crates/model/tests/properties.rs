@@ -2,8 +2,8 @@
 //! for the policy rules (split eligibility, egress cap, forced modes).
 
 use kvferry_model::{
-    Action, AttentionShape, ComputeModel, KvFootprint, KvShape, LinkModel, Mode, ModelError, Policy, QueueState,
-    Queues, Reason, Scenario, crossover_tokens, crossover_utilization, decide,
+    Action, AttentionShape, ComputeModel, KvFootprint, KvShape, LinkModel, Mode, ModelError, Policy,
+    QueueState, Queues, Reason, Scenario, crossover_tokens, crossover_utilization, decide,
 };
 use proptest::prelude::*;
 
@@ -105,7 +105,7 @@ proptest! {
         prop_assert!(d.split.gain >= 0.0);
         prop_assert_eq!(d.split.point.recompute_tokens + d.split.point.fetch_tokens, p);
         if d.split.point.is_real_split() {
-            prop_assert!(d.split.point.recompute_tokens % g == 0);
+            prop_assert!(d.split.point.recompute_tokens.is_multiple_of(g));
         }
         // The chosen action is never slower than the best feasible pure action by more than nothing.
         let chosen = match d.action {
@@ -187,22 +187,34 @@ fn egress_cap_forbids_fetch_and_bounds_the_split() {
 #[test]
 fn queue_inputs_produce_the_seed_threshold() {
     let mut s = seed_scenario(100.0, 600);
-    s.queues = Some(Queues { fetch: QueueState::new(0.0, 20.0).unwrap(), compute: QueueState::new(0.1, 20.0).unwrap() });
+    s.queues = Some(Queues {
+        fetch: QueueState::new(0.0, 20.0).unwrap(),
+        compute: QueueState::new(0.1, 20.0).unwrap(),
+    });
     let d = decide(&s, &Policy::default()).unwrap();
     assert_eq!(format!("{:.4}", d.crossover_utilization.unwrap()), "0.7255");
     assert_eq!(d.action, Action::Fetch);
     // Load the fetch path past the threshold: recompute wins.
-    s.queues = Some(Queues { fetch: QueueState::new(0.8, 20.0).unwrap(), compute: QueueState::new(0.1, 20.0).unwrap() });
+    s.queues = Some(Queues {
+        fetch: QueueState::new(0.8, 20.0).unwrap(),
+        compute: QueueState::new(0.1, 20.0).unwrap(),
+    });
     assert_eq!(decide(&s, &Policy::default()).unwrap().action, Action::Recompute);
 }
 
 #[test]
 fn invalid_scenarios_are_typed_errors() {
     let mut s = seed_scenario(100.0, 0);
-    assert!(matches!(decide(&s, &Policy::default()), Err(ModelError::ZeroCount { field: "prefix_tokens", .. })));
+    assert!(matches!(
+        decide(&s, &Policy::default()),
+        Err(ModelError::ZeroCount { field: "prefix_tokens", .. })
+    ));
     s.prefix_tokens = 10;
     s.link.goodput_gbps = f64::NAN;
-    assert!(matches!(decide(&s, &Policy::default()), Err(ModelError::NotFinite { field: "goodput_gbps", .. })));
+    assert!(matches!(
+        decide(&s, &Policy::default()),
+        Err(ModelError::NotFinite { field: "goodput_gbps", .. })
+    ));
     let s = seed_scenario(100.0, 10);
     let bad = Policy { split_granularity: 0, ..Policy::default() };
     assert!(decide(&s, &bad).is_err());

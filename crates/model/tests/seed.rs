@@ -95,7 +95,8 @@ fn costs_at_600_tokens() {
 
 #[test]
 fn wait_is_monotone_and_diverges() {
-    let waits: Vec<f64> = [0.0, 0.5, 0.8, 0.95, 0.99].iter().map(|&r| mm1_wait_seconds(r, MU).unwrap()).collect();
+    let waits: Vec<f64> =
+        [0.0, 0.5, 0.8, 0.95, 0.99].iter().map(|&r| mm1_wait_seconds(r, MU).unwrap()).collect();
     let mut sorted = waits.clone();
     sorted.sort_by(f64::total_cmp);
     assert_eq!(waits, sorted);
