@@ -1,0 +1,23 @@
+//! kvferry's peer protocol: KV blocks between regions in pipelined, checksummed, resumable
+//! chunks.
+//!
+//! The core is sans-IO, in the manner of `quinn-proto`: no sockets, no runtime, no clock (time
+//! is passed in). [`frame`] is the byte format, [`plan`] cuts a transfer into layer-major chunks,
+//! [`state`] is the transition table, [`requester`] and [`owner`] are the two ends of one
+//! transfer. The async driver over quinn (module `net`) and only moves bytes
+//! between sockets, pools and these cores.
+
+pub mod checksum;
+pub mod error;
+pub mod frame;
+pub mod owner;
+pub mod plan;
+pub mod requester;
+pub mod state;
+
+pub use error::WireError;
+pub use frame::{BlockHash, ChunkHeader, Done, FetchRequest, Frame, Manifest, Refusal, RefusalCode};
+pub use owner::{Owner, Work};
+pub use plan::{ChunkPlan, ChunkSpec};
+pub use requester::{ChunkVerdict, Requester, RequesterConfig};
+pub use state::{Event, Machine, State};
