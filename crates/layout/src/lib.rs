@@ -1,9 +1,27 @@
-//! KV pool layouts (pure): where every block's bytes live in an engine's pool.
+//! KV pool layouts (pure, no I/O): where every block's bytes live in an engine's pool, the
+//! fingerprint two pools must share before blocks move between them, and the content keys
+//! (chained SHA-256 block hashes) both regions compute alike.
 //!
-//! (Skeleton: the layout constructors, fingerprints, addressing and block hashes land with the
-//! pools issue.)
+//! Codemap: `types` (dtype, kinds, planes), `layout` (`PoolLayout` + validation), `engines`
+//! (vLLM / FlashInfer / SGLang / MLA constructors), `addressing` (blocks → extents),
+//! `fingerprint`, `hash`, `error`. Must not depend on any backend or do I/O.
+
+mod addressing;
+mod engines;
+mod error;
+mod fingerprint;
+mod hash;
+mod layout;
+mod types;
 
 use serde::{Deserialize, Serialize};
+
+pub use engines::MlaSpec;
+pub use error::{FingerprintMismatch, LayoutError};
+pub use fingerprint::LayoutFingerprint;
+pub use hash::{BlockHash, block_hashes, hex};
+pub use layout::PoolLayout;
+pub use types::{AttnSpec, Dtype, LayoutKind, Plane, PlaneKind, StrideOrder};
 
 /// A contiguous byte range inside one registered memory region of a pool.
 ///

@@ -1,0 +1,198 @@
+//! `Staging`: page-aligned, zeroed host memory that blocks travel through on their way in and
+//! out of a pool.
+//!
+//! Owns the allocation (via `std::alloc`, 4096-byte alignment) and an optional registration
+//! guard (a NIXL registration, a CUDA host pin) that is dropped *before* the memory is freed.
+//! It does not know about regions or extents; `check_batch` relates the two.
+
+use std::alloc::{self, Layout};
+use std::any::Any;
+use std::fmt;
+use std::ptr::NonNull;
+
+/// Alignment of every staging allocation (one host page).
+pub const STAGING_ALIGN: usize = 4096;
+
+/// Page-aligned host memory used to move blocks in and out of a pool.
+///
+/// Allocated by the backend ([`crate::MemoryBackend::staging`]) so that it can register it
+/// (NIXL) or pin it (CUDA); the registration guard is dropped with the buffer, before the
+/// memory is released. The allocation is zeroed and its capacity is rounded up to a whole
+/// number of pages (so it can be pinned page by page); `len()` is the requested length.
+pub struct Staging {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// Bytes actually allocated (multiple of `STAGING_ALIGN`); 0 when nothing was allocated.
+    cap: usize,
+    owner: u64,
+    guard: Option<Box<dyn Any + Send + Sync>>,
+}
+
+// SAFETY: `Staging` uniquely owns its allocation (like `Vec<u8>`); shared access only hands out
+// `&[u8]` / `*const u8` and mutation requires `&mut self`. The guard is itself `Send + Sync`.
+unsafe impl Send for Staging {}
+// SAFETY: as above: `&Staging` only permits reads of the buffer.
+unsafe impl Sync for Staging {}
+
+impl Staging {
+    /// A plain zeroed host allocation of `len` bytes, aligned to 4096, owned by backend `owner`.
+    ///
+    /// # Panics
+    /// If `len` rounded up to a page overflows `isize` (as `Vec` does), and aborts on
+    /// allocation failure (`handle_alloc_error`).
+    pub fn new_host(len: usize, owner: u64) -> Self {
+        if len == 0 {
+            return Self { ptr: dangling_aligned(), len: 0, cap: 0, owner, guard: None };
+        }
+        let cap = len.checked_next_multiple_of(STAGING_ALIGN).expect("staging length overflows usize");
+        let layout = Layout::from_size_align(cap, STAGING_ALIGN).expect("staging length overflows isize");
+        // SAFETY: `layout` has a non-zero size (len > 0, so cap >= 4096).
+        let raw = unsafe { alloc::alloc_zeroed(layout) };
+        let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
+        Self { ptr, len, cap, owner, guard: None }
+    }
+
+    /// Attach a registration guard, dropped before the memory is freed.
+    #[must_use]
+    pub fn with_guard(mut self, guard: Box<dyn Any + Send + Sync>) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
+    /// The guard attached with [`Staging::with_guard`], if any.
+    pub fn guard(&self) -> Option<&(dyn Any + Send + Sync)> {
+        self.guard.as_deref()
+    }
+
+    /// The buffer as bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` is valid for `len` initialized (zeroed at allocation) bytes for the
+        // lifetime of `self`, or dangling-but-aligned with len 0; `&self` excludes writers.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The buffer as mutable bytes.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as in `as_slice`, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// Start of the buffer (4096-aligned when `len() > 0`).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Start of the buffer, for writing (requires `&mut self`).
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// Requested length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when `len() == 0`.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes actually allocated (the length rounded up to whole pages; 0 for an empty buffer).
+    /// Backends that pin or register memory may register this many bytes.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Id of the backend instance that allocated (and possibly registered) this buffer.
+    pub fn owner(&self) -> u64 {
+        self.owner
+    }
+}
+
+fn dangling_aligned() -> NonNull<u8> {
+    // A non-null, 4096-aligned address with no provenance; never dereferenced for len > 0.
+    NonNull::new(std::ptr::without_provenance_mut(STAGING_ALIGN)).expect("4096 is non-zero")
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        // The registration (if any) must go before the memory it covers.
+        drop(self.guard.take());
+        if self.cap > 0 {
+            let layout = Layout::from_size_align(self.cap, STAGING_ALIGN).expect("checked at allocation");
+            // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and has
+            // not been freed (Drop runs once).
+            unsafe { alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+impl fmt::Debug for Staging {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Staging")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("capacity", &self.cap)
+            .field("owner", &self.owner)
+            .field("guarded", &self.guard.is_some())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    #[test]
+    fn aligned_zeroed_and_sized() {
+        for len in [1usize, 100, 4096, 4097, 3 << 20] {
+            let s = Staging::new_host(len, 7);
+            assert_eq!(s.as_ptr() as usize % STAGING_ALIGN, 0, "len {len}");
+            assert_eq!(s.len(), len);
+            assert_eq!(s.capacity() % STAGING_ALIGN, 0);
+            assert!(s.capacity() >= len);
+            assert_eq!(s.owner(), 7);
+            assert!(s.as_slice().iter().all(|&b| b == 0), "len {len} not zeroed");
+        }
+    }
+
+    #[test]
+    fn empty_is_valid() {
+        let mut s = Staging::new_host(0, 1);
+        assert!(s.is_empty());
+        assert!(s.as_slice().is_empty());
+        assert!(s.as_mut_slice().is_empty());
+        assert_eq!(s.capacity(), 0);
+    }
+
+    #[test]
+    fn writes_stick() {
+        let mut s = Staging::new_host(10_000, 1);
+        s.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+        assert!(s.as_slice().iter().enumerate().all(|(i, &b)| b == i as u8));
+    }
+
+    #[test]
+    fn guard_dropped_before_free_and_exactly_once() {
+        struct G(Arc<AtomicBool>);
+        impl Drop for G {
+            fn drop(&mut self) {
+                assert!(!self.0.swap(true, Ordering::SeqCst), "guard dropped twice");
+            }
+        }
+        let flag = Arc::new(AtomicBool::new(false));
+        let s = Staging::new_host(4096, 3).with_guard(Box::new(G(flag.clone())));
+        assert!(s.guard().is_some_and(|g| g.is::<G>()));
+        assert!(!flag.load(Ordering::SeqCst));
+        drop(s);
+        assert!(flag.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<Staging>();
+    }
+}
