@@ -1,0 +1,88 @@
+//! Reading and writing protocol frames on QUIC streams, and the sources and sinks of chunk
+//! bytes that the transfer driver moves between pools and streams.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use kvferry_wire::frame::{self, Frame, PREFIX_LEN};
+use kvferry_wire::{ChunkSpec, WireError};
+use quinn::{ReadExactError, RecvStream, SendStream};
+
+/// A boxed, sendable future.
+pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Chunk bytes owned by whoever produced them (a heap buffer, a pool staging buffer).
+pub type ChunkBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Where the owner reads a chunk's bytes (in the layout's staging order).
+pub trait ChunkSource: Send + Sync {
+    /// Returns exactly `spec.len` bytes of chunk `spec`.
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>>;
+}
+
+/// Where the requester lands a verified chunk.
+pub trait ChunkSink: Send + Sync {
+    /// Writes a verified chunk's payload to its place.
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>>;
+}
+
+pub(crate) fn conn_err(e: impl std::fmt::Display) -> WireError {
+    WireError::Connection(e.to_string())
+}
+
+/// Maps a QUIC connection error: a TLS failure (a crypto error code, 0x100–0x1ff: bad chain,
+/// identity refused) is final — retrying cannot help; anything else is a lost connection.
+pub(crate) fn from_conn_error(e: &quinn::ConnectionError) -> WireError {
+    let crypto = |code: quinn::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+    match e {
+        quinn::ConnectionError::TransportError(t) if crypto(t.code) => {
+            WireError::NotAuthorised(t.to_string())
+        }
+        quinn::ConnectionError::ConnectionClosed(c) if crypto(c.error_code) => {
+            WireError::NotAuthorised(c.to_string())
+        }
+        other => WireError::Connection(other.to_string()),
+    }
+}
+
+pub(crate) fn read_err(e: quinn::ReadExactError) -> WireError {
+    match e {
+        quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(c)) => from_conn_error(&c),
+        other => conn_err(other),
+    }
+}
+
+pub(crate) fn write_err(e: quinn::WriteError) -> WireError {
+    match e {
+        quinn::WriteError::ConnectionLost(c) => from_conn_error(&c),
+        other => conn_err(other),
+    }
+}
+
+/// Reads one frame; `Ok(None)` when the stream ended cleanly at a frame boundary.
+pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, WireError> {
+    let mut prefix = [0u8; PREFIX_LEN];
+    match recv.read_exact(&mut prefix).await {
+        Ok(()) => {}
+        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(e) => return Err(read_err(e)),
+    }
+    // Validate the prefix (magic, version, type, size limit) before allocating the body.
+    if let Err(e) = frame::decode(&prefix) {
+        return Err(WireError::Decode(e));
+    }
+    let len = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]) as usize;
+    let mut buf = vec![0u8; PREFIX_LEN + len];
+    buf[..PREFIX_LEN].copy_from_slice(&prefix);
+    recv.read_exact(&mut buf[PREFIX_LEN..]).await.map_err(read_err)?;
+    match frame::decode(&buf)? {
+        Some((f, _)) => Ok(Some(f)),
+        None => Err(WireError::Protocol("frame shorter than its length".into())),
+    }
+}
+
+/// Writes one frame.
+pub(crate) async fn write_frame(send: &mut SendStream, f: &Frame) -> Result<(), WireError> {
+    let bytes = frame::encode_to_vec(f);
+    send.write_all(&bytes).await.map_err(write_err)
+}

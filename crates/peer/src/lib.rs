@@ -1,0 +1,14 @@
+//! kvferry-peer: QUIC endpoints with mutual TLS between regions, the transfer driver over the
+//! sans-IO cores of `kvferry-wire`, and transport tuning for long fat pipes.
+
+pub mod io;
+pub mod node;
+pub mod pool_io;
+pub mod tls;
+pub mod transport;
+
+pub use io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
+pub use node::{BlockCatalog, FetchReceipt, FetchSpec, PeerConfig, PeerNode, Served};
+pub use pool_io::PoolChunks;
+pub use tls::{DevPki, RegionId, TlsIdentity, TrustPolicy};
+pub use transport::{Congestion, LinkTuning};
