@@ -1,10 +1,15 @@
 //! The `kvferry` binary: one command with subcommands.
 //!
-//! Owns argument parsing and process exit codes only; every subcommand lives in its own module
-//! and calls into library crates. Today: `plan` (the cost model). The daemon, migrate, links,
-//! engine, demo and bench subcommands arrive with their issues.
+//! Owns argument parsing, logging set-up and process exit codes only; every subcommand lives
+//! in its own module and calls into library crates: `plan` (the cost model), `daemon` (the
+//! per-region daemon), `migrate` and `links` (a router's view of the gRPC API), `engine`
+//! (the reference engine process) and `demo` (two regions on loopback, end to end).
 
+mod daemon_cmd;
+mod demo;
+mod migrate_cmd;
 mod plan;
+mod report;
 mod sweep;
 
 use std::process::ExitCode;
@@ -23,6 +28,22 @@ struct Cli {
 enum Command {
     /// Decide fetch vs recompute (vs split) for one migration and show the crossover analysis.
     Plan(Box<plan::PlanArgs>),
+    /// Run the per-region daemon.
+    Daemon(daemon_cmd::DaemonArgs),
+    /// Migrate a session to the region of --daemon (calls MigrateSession; prints the receipt).
+    Migrate(Box<migrate_cmd::MigrateArgs>),
+    /// Show a daemon's live link figures (GetLinks).
+    Links(migrate_cmd::LinksArgs),
+    /// Run the reference engine next to a daemon.
+    Engine(Box<kvferry_engine_node::EngineArgs>),
+    /// Two regions on loopback: run a conversation in A, migrate it to B, prove the next token.
+    Demo(demo::DemoArgs),
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVFERRY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
 }
 
 fn main() -> ExitCode {
@@ -40,14 +61,34 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let result = match cli.command {
-        Command::Plan(args) => plan::run(&args),
+    let (result, error_code) = match cli.command {
+        Command::Plan(args) => (plan::run(&args), 2),
+        other => {
+            init_logging(match other {
+                Command::Daemon(_) | Command::Engine(_) => "info",
+                _ => "warn",
+            });
+            let r = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(rt) => rt.block_on(async move {
+                    match other {
+                        Command::Daemon(a) => daemon_cmd::run(&a).await,
+                        Command::Migrate(a) => migrate_cmd::run(&a).await,
+                        Command::Links(a) => migrate_cmd::links(&a).await,
+                        Command::Engine(a) => kvferry_engine_node::run(*a).await.map_err(anyhow::Error::from),
+                        Command::Demo(a) => demo::run(&a).await,
+                        Command::Plan(_) => Ok(()),
+                    }
+                }),
+                Err(e) => Err(e.into()),
+            };
+            (r, 1)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::from(2)
+            eprintln!("error: {e:#}");
+            ExitCode::from(error_code)
         }
     }
 }

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use crate::blocks::{BlockAllocator, BlockTable, blocks_for};
 use crate::config::ModelConfig;
-use crate::error::{EngineError, FingerprintMismatch};
+use crate::error::{EngineError, FingerprintMismatch, OutOfBlocks};
 use crate::forward::{Model, forward};
 use crate::hash::{PublishedBlock, block_hashes_local_copy, hex};
 use crate::kv::{BLOCK_SIZE, KvLayout, KvMemory, KvPool, VecMemory};
@@ -96,6 +96,11 @@ impl Sequence {
     /// Next-token logits, once every token is computed.
     pub fn logits(&self) -> Option<&[f32]> {
         self.logits.as_deref()
+    }
+    /// Ends the request without freeing anything: its physical block ids in logical order,
+    /// for a caller that manages blocks itself (see [`Engine::start_with_blocks`]).
+    pub fn into_blocks(mut self) -> Vec<u32> {
+        self.table.take()
     }
 }
 
@@ -196,6 +201,45 @@ impl<M: KvMemory> Engine<M> {
         self.check_tokens(prompt, 0)?;
         let blocks = self.alloc.allocate(blocks_for(prompt.len()))?;
         Ok(Sequence { tokens: prompt.to_vec(), table: BlockTable::new(blocks), computed: 0, logits: None })
+    }
+
+    /// `n` free blocks that the caller manages from now on (e.g. an engine-wide prefix cache
+    /// sharing blocks between requests); all or none. Give them back with
+    /// [`Engine::release_blocks`].
+    pub fn allocate_blocks(&mut self, n: usize) -> Result<Vec<u32>, OutOfBlocks> {
+        self.alloc.allocate(n)
+    }
+
+    /// Returns caller-managed blocks to the free list.
+    ///
+    /// # Panics
+    /// On an id out of range (and, in debug builds, a double free): a bookkeeping bug.
+    pub fn release_blocks(&mut self, blocks: &[u32]) {
+        self.alloc.release(blocks);
+    }
+
+    /// A new request for `prompt` over caller-managed `blocks` (logical order; they may
+    /// already hold K/V of a shared prefix, declared with [`Engine::mark_loaded`]). They must
+    /// cover the prompt; spare capacity is used by decoding before any block is allocated.
+    /// End it with [`Sequence::into_blocks`], not [`Engine::free`].
+    pub fn start_with_blocks(&mut self, prompt: &[u32], blocks: Vec<u32>) -> Result<Sequence, EngineError> {
+        if prompt.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_tokens(prompt, 0)?;
+        let num_blocks = self.layout().num_blocks;
+        if let Some(&b) = blocks.iter().find(|&&b| b >= num_blocks) {
+            return Err(crate::error::PoolError::BlockOutOfRange { block: b, num_blocks }.into());
+        }
+        let table = BlockTable::new(blocks);
+        if table.capacity() < prompt.len() {
+            return Err(EngineError::Range(format!(
+                "{} blocks cannot hold a {}-token prompt",
+                table.blocks().len(),
+                prompt.len()
+            )));
+        }
+        Ok(Sequence { tokens: prompt.to_vec(), table, computed: 0, logits: None })
     }
 
     /// Ends a request, returning its blocks to the free list.
@@ -429,6 +473,31 @@ mod tests {
         assert_eq!(matchable_tokens(32, 5), 31);
         assert_eq!(matchable_tokens(1, 1), 0);
         assert_eq!(matchable_tokens(0, 0), 0);
+    }
+
+    #[test]
+    fn caller_managed_blocks_share_a_prefix() {
+        let mut e = Engine::with_heap_pool(ModelConfig::tiny(3), 8).unwrap();
+        let prompt: Vec<u32> = (0..20).map(|i| (i * 37 % 256) as u32).collect();
+        let blocks = e.allocate_blocks(2).unwrap();
+        let mut a = e.start_with_blocks(&prompt, blocks).unwrap();
+        let full = e.prefill(&mut a).unwrap();
+        let a_blocks = a.into_blocks();
+        assert_eq!(e.free_blocks(), 6);
+        // A second request reuses A's first block and computes only the rest.
+        let mut b_blocks = vec![a_blocks[0]];
+        b_blocks.extend(e.allocate_blocks(1).unwrap());
+        let mut b = e.start_with_blocks(&prompt, b_blocks).unwrap();
+        let reused = e.prefill_from(&mut b, BLOCK_SIZE).unwrap();
+        assert_eq!(
+            reused.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            full.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert!(matches!(e.start_with_blocks(&prompt, vec![0]), Err(EngineError::Range(_))));
+        assert!(matches!(e.start_with_blocks(&prompt, vec![0, 8]), Err(EngineError::Pool(_))));
+        e.release_blocks(&b.into_blocks()[1..]);
+        e.release_blocks(&a_blocks);
+        assert_eq!(e.free_blocks(), 8);
     }
 
     #[test]

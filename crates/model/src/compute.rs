@@ -78,6 +78,23 @@ impl ComputeModel {
         Ok(Self { active_params, peak_flops, mfu, attention })
     }
 
+    /// A compute model from a measured prefill profile
+    /// `seconds(c, n) = linear·n + attention·(n·c + n(n+1)/2)` (what an engine reports when it
+    /// registers). Expressed exactly in this type's terms: a nominal 1-layer, 1-head attention
+    /// shape (4 FLOPs per query-key pair) sets the effective FLOP/s to `4 / attention`, and the
+    /// active parameters follow from `linear`. With `attention = 0` the term is off.
+    pub fn from_measured(linear_s_per_token: f64, attention_s_per_pair: f64) -> Result<Self, ModelError> {
+        positive("linear_s_per_token", linear_s_per_token)?;
+        crate::error::non_negative("attention_s_per_pair", attention_s_per_pair)?;
+        if attention_s_per_pair == 0.0 {
+            let flops = 1e15;
+            return Self::new(linear_s_per_token * flops / 2.0, flops, 1.0, None);
+        }
+        let flops = 4.0 / attention_s_per_pair;
+        let unit = AttentionShape { layers: 1, q_heads: 1, qk_head_dim: 1, v_head_dim: 1 };
+        Self::new(linear_s_per_token * flops / 2.0, flops, 1.0, Some(unit))
+    }
+
     /// Effective FLOP/s.
     pub fn effective_flops(&self) -> f64 {
         self.peak_flops * self.mfu
@@ -158,6 +175,20 @@ mod tests {
         let lin = t as f64 * m.linear_seconds_per_token();
         let ratio = (m.recompute_seconds(t) - lin) / lin;
         assert!((ratio - 1.1984).abs() < 0.001, "{ratio}");
+    }
+
+    #[test]
+    fn a_measured_profile_round_trips() {
+        let m = ComputeModel::from_measured(2.5e-4, 3e-9).unwrap();
+        assert!((m.linear_seconds_per_token() - 2.5e-4).abs() < 1e-18);
+        assert!((m.attention_seconds_per_pair() - 3e-9).abs() < 1e-22);
+        let want = 2.5e-4 * 100.0 + 3e-9 * (100.0 * 50.0 + 100.0 * 101.0 / 2.0);
+        assert!((m.recompute_span_seconds(50, 100) - want).abs() < 1e-12);
+        let lin = ComputeModel::from_measured(1e-3, 0.0).unwrap();
+        assert!(lin.attention.is_none());
+        assert!((lin.recompute_seconds(10) - 1e-2).abs() < 1e-15);
+        assert!(ComputeModel::from_measured(0.0, 1e-9).is_err());
+        assert!(ComputeModel::from_measured(1e-3, -1.0).is_err());
     }
 
     #[test]

@@ -4,11 +4,15 @@
 pub mod io;
 pub mod node;
 pub mod pool_io;
+pub mod probe;
+pub mod query;
 pub mod tls;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
 pub use node::{BlockCatalog, FetchReceipt, FetchSpec, PeerConfig, PeerNode, Served};
 pub use pool_io::PoolChunks;
+pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
+pub use query::Holdings;
 pub use tls::{DevPki, RegionId, TlsIdentity, TrustPolicy};
 pub use transport::{Congestion, LinkTuning};

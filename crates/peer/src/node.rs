@@ -166,6 +166,50 @@ pub struct PeerNode {
     fetch_budget: Arc<Budget>,
     conns: Mutex<HashMap<RegionId, Connection>>,
     incoming: Mutex<Vec<Connection>>,
+    /// Per outgoing connection: routes incoming chunk streams to their transfer.
+    routers: Mutex<HashMap<usize, Arc<StreamRouter>>>,
+}
+
+/// Routes a connection's incoming chunk streams to the transfer they belong to, so that
+/// concurrent fetches over one cached connection never read each other's streams.
+#[derive(Default)]
+struct StreamRouter {
+    transfers: Mutex<HashMap<u128, mpsc::Sender<ChunkItem>>>,
+}
+
+impl StreamRouter {
+    fn get(&self, id: u128) -> Option<mpsc::Sender<ChunkItem>> {
+        self.transfers.lock().ok()?.get(&id).cloned()
+    }
+
+    fn register(self: &Arc<Self>, id: u128) -> (mpsc::Receiver<ChunkItem>, Registration) {
+        let (tx, rx) = mpsc::channel(8);
+        if let Ok(mut m) = self.transfers.lock() {
+            m.insert(id, tx);
+        }
+        (rx, Registration { router: self.clone(), id })
+    }
+
+    async fn fail_all(&self, e: WireError) {
+        let all: Vec<_> = self.transfers.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        for tx in all {
+            let _ = tx.send(Err(e.clone())).await;
+        }
+    }
+}
+
+/// Unregisters a transfer from its connection's router on drop.
+struct Registration {
+    router: Arc<StreamRouter>,
+    id: u128,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.router.transfers.lock() {
+            m.remove(&self.id);
+        }
+    }
 }
 
 impl std::fmt::Debug for PeerNode {
@@ -193,6 +237,7 @@ impl PeerNode {
             catalog,
             conns: Mutex::new(HashMap::new()),
             incoming: Mutex::new(Vec::new()),
+            routers: Mutex::new(HashMap::new()),
         });
         tokio::spawn(accept_loop(node.clone()));
         Ok(node)
@@ -234,6 +279,18 @@ impl PeerNode {
         }
     }
 
+    /// Statistics of every live connection, outgoing (cached per peer) and incoming, for
+    /// diagnostics (`udp_tx.datagrams / udp_tx.ios` = GSO batching; `frame_rx`/`frame_tx`
+    /// `stream_data_blocked` and `data_blocked` = flow-control windows as the limit).
+    pub fn connection_stats(&self) -> Vec<quinn::ConnectionStats> {
+        let mut out: Vec<quinn::ConnectionStats> =
+            self.conns.lock().map(|m| m.values().map(Connection::stats).collect()).unwrap_or_default();
+        if let Ok(v) = self.incoming.lock() {
+            out.extend(v.iter().filter(|c| c.close_reason().is_none()).map(Connection::stats));
+        }
+        out
+    }
+
     /// Current RTT to `peer`, if connected.
     pub fn rtt_to(&self, peer: &RegionId) -> Option<Duration> {
         self.conns.lock().ok()?.get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
@@ -253,6 +310,12 @@ impl PeerNode {
         client.transport_config(Arc::new(self.cfg.tuning.transport()));
         let connecting = self.endpoint.connect_with(client, addr, "kvferry-peer").map_err(conn_err)?;
         let conn = connecting.await.map_err(|e| from_conn_error(&e))?;
+        let router = Arc::new(StreamRouter::default());
+        if let Ok(mut r) = self.routers.lock() {
+            r.retain(|_, router| Arc::strong_count(router) > 1);
+            r.insert(conn.stable_id(), router.clone());
+        }
+        tokio::spawn(route_streams(conn.clone(), self.fetch_budget.clone(), router));
         if let Ok(mut m) = self.conns.lock() {
             m.insert(peer.clone(), conn.clone());
         }
@@ -328,19 +391,19 @@ impl PeerNode {
             .await
             .map_err(|_| WireError::DeadlineExceeded)??;
         let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
-        write_frame(&mut ctl_send, &Frame::Request(request)).await?;
 
         let (ctl_tx, mut ctl_rx) = mpsc::channel::<Result<Frame, WireError>>(16);
         let ctl_task = tokio::spawn(control_reader(ctl_recv, ctl_tx));
-        let (chunk_tx, mut chunk_rx) =
-            mpsc::channel::<Result<(kvferry_wire::ChunkHeader, Vec<u8>, Lease), WireError>>(8);
-        let uni_task = tokio::spawn(accept_chunks(
-            conn.clone(),
-            self.fetch_budget.clone(),
-            chunk_tx,
-            core.transfer_id(),
-        ));
-        let _guard = AbortOnDrop(vec![ctl_task.abort_handle(), uni_task.abort_handle()]);
+        let router = self
+            .routers
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&conn.stable_id()).cloned())
+            .ok_or_else(|| WireError::Connection("connection has no stream router".into()))?;
+        // Register before asking, so the first chunk always finds its transfer.
+        let (mut chunk_rx, _registration) = router.register(core.transfer_id());
+        write_frame(&mut ctl_send, &Frame::Request(request)).await?;
+        let _guard = AbortOnDrop(vec![ctl_task.abort_handle()]);
 
         let mut tick = tokio::time::interval(Duration::from_millis(50));
         loop {
@@ -441,38 +504,43 @@ async fn control_reader(mut recv: RecvStream, tx: mpsc::Sender<Result<Frame, Wir
 
 type ChunkItem = Result<(kvferry_wire::ChunkHeader, Vec<u8>, Lease), WireError>;
 
-async fn accept_chunks(
-    conn: Connection,
-    budget: Arc<Budget>,
-    tx: mpsc::Sender<ChunkItem>,
-    transfer_id: u128,
-) {
+/// Accepts a connection's chunk streams for as long as it lives and routes each to its
+/// transfer; a connection failure reaches every transfer on it.
+async fn route_streams(conn: Connection, budget: Arc<Budget>, router: Arc<StreamRouter>) {
     loop {
-        let recv = match conn.accept_uni().await {
-            Ok(r) => r,
+        match conn.accept_uni().await {
+            Ok(recv) => {
+                tokio::spawn(read_chunks(recv, budget.clone(), router.clone()));
+            }
             Err(e) => {
-                let _ = tx.send(Err(from_conn_error(&e))).await;
+                router.fail_all(from_conn_error(&e)).await;
                 return;
             }
-        };
-        tokio::spawn(read_chunks(recv, budget.clone(), tx.clone(), transfer_id));
+        }
     }
 }
 
-async fn read_chunks(
-    mut recv: RecvStream,
-    budget: Arc<Budget>,
-    tx: mpsc::Sender<ChunkItem>,
-    transfer_id: u128,
-) {
+async fn read_chunks(mut recv: RecvStream, budget: Arc<Budget>, router: Arc<StreamRouter>) {
+    let mut last: Option<mpsc::Sender<ChunkItem>> = None;
     loop {
-        let item = match read_frame(&mut recv).await {
+        let frame = read_frame(&mut recv).await;
+        let tx = match &frame {
+            Ok(Some(Frame::Chunk(h))) => match router.get(h.transfer_id) {
+                Some(tx) => tx,
+                None => {
+                    // A transfer that already ended (or never existed here): not ours to read.
+                    let _ = recv.stop(VarInt::from_u32(0));
+                    return;
+                }
+            },
+            _ => match last.clone() {
+                Some(tx) => tx,
+                None => return,
+            },
+        };
+        last = Some(tx.clone());
+        let item = match frame {
             Ok(None) => return,
-            Ok(Some(Frame::Chunk(h))) if h.transfer_id != transfer_id => {
-                // Another transfer's stream on a shared connection; not ours to read.
-                let _ = recv.stop(VarInt::from_u32(0));
-                return;
-            }
             Ok(Some(Frame::Chunk(h))) if h.len > MAX_CHUNK => {
                 Err(WireError::Protocol(format!("chunk of {} bytes exceeds {MAX_CHUNK}", h.len)))
             }
@@ -545,8 +613,10 @@ async fn serve_transfer(
     mut ctl_send: SendStream,
     mut ctl_recv: RecvStream,
 ) -> Result<(), WireError> {
-    let req = match read_frame(&mut ctl_recv).await? {
-        Some(Frame::Request(r)) => r,
+    let (req, query_only) = match read_frame(&mut ctl_recv).await? {
+        Some(Frame::Request(r)) => (r, false),
+        Some(Frame::Query(r)) => (r, true),
+        Some(Frame::Probe(p)) => return crate::probe::serve_probe(ctl_send, p).await,
         other => return Err(WireError::Protocol(format!("expected a request, got {other:?}"))),
     };
     let refuse =
@@ -569,6 +639,11 @@ async fn serve_transfer(
             }
         };
     write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;
+    if query_only {
+        // A query learns what is held; no KV byte is read or sent.
+        let _ = ctl_send.finish();
+        return Ok(());
+    }
 
     // Writers: one unidirectional stream each, fed round-robin.
     let streams = node.cfg.tuning.streams.max(1) as usize;

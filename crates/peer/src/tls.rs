@@ -343,6 +343,39 @@ impl DevPki {
         })
     }
 
+    /// Loads the dev CA kept in `dir` (`ca.pem`, `ca.key`), creating it first if absent, so
+    /// that several daemons on one machine trust each other. Creation is race-free: the
+    /// files are written under temporary names and linked into place, and a loser of the race
+    /// re-reads the winner's files.
+    pub fn load_or_create(dir: &std::path::Path, trust_domain: &str) -> Result<Self, IdentityError> {
+        let io = |e: std::io::Error| IdentityError::Config(format!("dev CA in {}: {e}", dir.display()));
+        std::fs::create_dir_all(dir).map_err(io)?;
+        let (cert, key) = (dir.join("ca.pem"), dir.join("ca.key"));
+        if !cert.exists() {
+            let fresh = Self::generate(trust_domain)?;
+            let tmp = dir.join(format!(".ca-{}", std::process::id()));
+            std::fs::create_dir_all(&tmp).map_err(io)?;
+            let pem = pem_encode("CERTIFICATE", fresh.ca_der.as_ref());
+            std::fs::write(tmp.join("ca.pem"), pem).map_err(io)?;
+            write_private(&tmp.join("ca.key"), fresh.issuer.key().serialize_pem().as_bytes()).map_err(io)?;
+            // The key first, then the certificate: a reader that sees ca.pem finds ca.key.
+            let _ = std::fs::hard_link(tmp.join("ca.key"), &key);
+            let _ = std::fs::hard_link(tmp.join("ca.pem"), &cert);
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        tracing::warn!(dir = %dir.display(), "DEV MODE: using the throwaway dev CA; not for production");
+        let e = |e: rcgen::Error| IdentityError::Config(e.to_string());
+        let cert_pem = std::fs::read_to_string(&cert).map_err(io)?;
+        let key_pem = std::fs::read_to_string(&key).map_err(io)?;
+        let signing = KeyPair::from_pem(&key_pem).map_err(e)?;
+        let issuer = Issuer::from_ca_cert_pem(&cert_pem, signing).map_err(e)?;
+        let ca_der = load_certs_pem(&cert_pem)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| IdentityError::Config("empty ca.pem".into()))?;
+        Ok(Self { trust_domain: trust_domain.to_owned(), ca_der, issuer })
+    }
+
     /// The CA certificate.
     pub fn ca(&self) -> &CertificateDer<'static> {
         &self.ca_der
@@ -385,9 +418,92 @@ impl DevPki {
     }
 }
 
+fn pem_encode(label: &str, der: &[u8]) -> String {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut b64 = String::new();
+    for c in der.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                b64.push(B64[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                b64.push('=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).unwrap_or_default());
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
+}
+
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    f.write_all(bytes)
+}
+
+/// Parses every certificate in a PEM text.
+pub fn load_certs_pem(pem: &str) -> Result<Vec<CertificateDer<'static>>, IdentityError> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| IdentityError::Config(format!("bad PEM certificate: {e}")))
+}
+
+/// Loads an identity and trust roots from PEM files (`tls.mode = "files"`).
+pub fn load_identity_files(
+    ca: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<(TlsIdentity, Arc<RootCertStore>), IdentityError> {
+    use rustls::pki_types::pem::PemObject;
+    let read = |p: &std::path::Path| {
+        std::fs::read_to_string(p).map_err(|e| IdentityError::Config(format!("{}: {e}", p.display())))
+    };
+    let mut roots = RootCertStore::empty();
+    for c in load_certs_pem(&read(ca)?)? {
+        roots.add(c).map_err(|e| IdentityError::Config(format!("{}: {e}", ca.display())))?;
+    }
+    let chain = load_certs_pem(&read(cert)?)?;
+    let leaf =
+        chain.first().ok_or_else(|| IdentityError::Config(format!("{}: no certificate", cert.display())))?;
+    let id = identity_of(leaf)?;
+    let key = PrivateKeyDer::from_pem_slice(read(key)?.as_bytes())
+        .map_err(|e| IdentityError::Config(format!("{}: {e}", key.display())))?;
+    Ok((TlsIdentity { id, chain, key }, Arc::new(roots)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_persisted_dev_ca_is_shared() {
+        let dir = std::env::temp_dir().join(format!("kvferry-devca-{}", std::process::id()));
+        let a = DevPki::load_or_create(&dir, "kvferry.test").unwrap();
+        let b = DevPki::load_or_create(&dir, "kvferry.test").unwrap();
+        assert_eq!(a.ca(), b.ca());
+        let id = b.issue("x").unwrap();
+        // A certificate issued through the reloaded CA verifies against the original's roots.
+        let cert = ParsedCertificate::try_from(&id.chain[0]).unwrap();
+        let algs = provider().signature_verification_algorithms;
+        rustls::client::verify_server_cert_signed_by_trust_anchor(
+            &cert,
+            &a.roots(),
+            &[],
+            UnixTime::now(),
+            algs.all,
+        )
+        .unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn region_ids_round_trip_and_refuse_junk() {

@@ -472,3 +472,22 @@ async fn memory_stays_inside_the_staging_bound_while_the_reader_stalls() {
     assert_eq!(r.blocks, 24);
     s.assert_identical();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fetches_share_one_connection_without_stealing_streams() {
+    let s = setup(40, 16, |x| x);
+    let dst = s.requester("dst", 64 << 20);
+    // Eight fetches of the same blocks into the same target ids, over the one cached connection.
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (dst, id, addr, spec, sink) =
+            (dst.clone(), s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(60)), s.sink());
+        tasks.push(tokio::spawn(async move { dst.fetch(&id, addr, spec, sink).await }));
+    }
+    for t in tasks {
+        let r = t.await.unwrap().unwrap();
+        assert_eq!(r.blocks, 16);
+        assert_eq!(r.reconnects, 0, "{r:?}");
+    }
+    s.assert_identical();
+}

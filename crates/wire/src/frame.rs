@@ -152,6 +152,16 @@ pub struct Complete {
     pub transfer_id: u128,
 }
 
+/// Requester → owner: a link probe. The owner answers on the same stream with this frame echoed
+/// and then `bytes` synthetic (zero) bytes, or with a [`Refusal`] when `bytes` is over its cap.
+/// No KV byte is involved; it needs the same mutually authenticated connection as a fetch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Probe {
+    pub transfer_id: u128,
+    /// Synthetic payload bytes asked for (the owner caps it; the codec does not).
+    pub bytes: u64,
+}
+
 /// Every frame of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -163,6 +173,11 @@ pub enum Frame {
     Retransmit(Retransmit),
     Cancel(Cancel),
     Complete(Complete),
+    Probe(Probe),
+    /// Requester → owner: how many of these blocks do you hold? Same body as a request; the
+    /// owner answers with a [`Manifest`] (nothing follows it) or a [`Refusal`], and reads no
+    /// KV byte. This is how a region decides before the first byte moves.
+    Query(FetchRequest),
 }
 
 impl Frame {
@@ -176,6 +191,8 @@ impl Frame {
             Frame::Retransmit(_) => 6,
             Frame::Cancel(_) => 7,
             Frame::Complete(_) => 8,
+            Frame::Probe(_) => 9,
+            Frame::Query(_) => 10,
         }
     }
 
@@ -190,6 +207,8 @@ impl Frame {
             Frame::Retransmit(f) => f.transfer_id,
             Frame::Cancel(f) => f.transfer_id,
             Frame::Complete(f) => f.transfer_id,
+            Frame::Probe(f) => f.transfer_id,
+            Frame::Query(f) => f.transfer_id,
         }
     }
 }
@@ -229,7 +248,7 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
     let body = out.len();
     let mut w = Writer(out);
     match frame {
-        Frame::Request(r) => {
+        Frame::Request(r) | Frame::Query(r) => {
             w.u128(r.transfer_id);
             w.str(&r.tenant);
             w.bytes(&r.fingerprint);
@@ -283,6 +302,10 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.str(&c.detail);
         }
         Frame::Complete(c) => w.u128(c.transfer_id),
+        Frame::Probe(p) => {
+            w.u128(p.transfer_id);
+            w.u64(p.bytes);
+        }
     }
     let len = (out.len() - body) as u32;
     out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
@@ -316,7 +339,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         return Err(DecodeError::BadVersion(buf[2]));
     }
     let kind = buf[3];
-    if !(1..=8).contains(&kind) {
+    if !(1..=10).contains(&kind) {
         return Err(DecodeError::UnknownType(kind));
     }
     let len = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
@@ -326,7 +349,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
     let Some(body) = buf.get(PREFIX_LEN..PREFIX_LEN + len) else { return Ok(None) };
     let mut r = Reader(body);
     let frame = match kind {
-        1 => {
+        1 | 10 => {
             let transfer_id = r.u128("transfer_id")?;
             let tenant = r.str("tenant")?;
             let fingerprint = r.array::<32>("fingerprint")?;
@@ -341,14 +364,15 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
                 have_chunks.push(r.u32("have_chunks")?);
             }
             let chunk_target_bytes = r.u32("chunk_target_bytes")?;
-            Frame::Request(FetchRequest {
+            let req = FetchRequest {
                 transfer_id,
                 tenant,
                 fingerprint,
                 block_hashes,
                 have_chunks,
                 chunk_target_bytes,
-            })
+            };
+            if kind == 1 { Frame::Request(req) } else { Frame::Query(req) }
         }
         2 => Frame::Manifest(Manifest {
             transfer_id: r.u128("transfer_id")?,
@@ -389,6 +413,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         }
         7 => Frame::Cancel(Cancel { transfer_id: r.u128("transfer_id")?, detail: r.str("detail")? }),
         8 => Frame::Complete(Complete { transfer_id: r.u128("transfer_id")? }),
+        9 => Frame::Probe(Probe { transfer_id: r.u128("transfer_id")?, bytes: r.u64("bytes")? }),
         _ => return Err(DecodeError::UnknownType(kind)),
     };
     if !r.0.is_empty() {
@@ -520,6 +545,15 @@ mod tests {
             Frame::Retransmit(Retransmit { transfer_id: 5, chunk_ids: vec![1, 2, 3] }),
             Frame::Cancel(Cancel { transfer_id: 6, detail: "deadline".into() }),
             Frame::Complete(Complete { transfer_id: 7 }),
+            Frame::Query(FetchRequest {
+                transfer_id: 8,
+                tenant: "t".into(),
+                fingerprint: [1; 32],
+                block_hashes: vec![[9; 32]],
+                have_chunks: vec![],
+                chunk_target_bytes: 0,
+            }),
+            Frame::Probe(Probe { transfer_id: 8, bytes: 64 << 20 }),
         ]
     }
 

@@ -9,6 +9,7 @@
 
 pub mod checksum;
 pub mod error;
+pub mod estimator;
 pub mod frame;
 pub mod owner;
 pub mod plan;
@@ -16,7 +17,8 @@ pub mod requester;
 pub mod state;
 
 pub use error::WireError;
-pub use frame::{BlockHash, ChunkHeader, Done, FetchRequest, Frame, Manifest, Refusal, RefusalCode};
+pub use estimator::{EstimatorConfig, EstimatorError, LinkEstimate, LinkEstimator};
+pub use frame::{BlockHash, ChunkHeader, Done, FetchRequest, Frame, Manifest, Probe, Refusal, RefusalCode};
 pub use owner::{Owner, Work};
 pub use plan::{ChunkPlan, ChunkSpec};
 pub use requester::{ChunkVerdict, Requester, RequesterConfig};

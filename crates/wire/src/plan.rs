@@ -33,18 +33,26 @@ pub struct ChunkPlan {
 }
 
 impl ChunkPlan {
-    /// Plans `blocks × layers` with a target chunk size. `None` if any dimension is zero.
+    /// Plans `blocks × layers` with a target chunk size. `None` if any dimension is zero, or the
+    /// total bytes or chunk count would overflow.
     pub fn new(blocks: u32, layers: u32, bytes_per_block_layer: u64, target: u64) -> Option<Self> {
         if blocks == 0 || layers == 0 || bytes_per_block_layer == 0 {
             return None;
         }
         let target = target.clamp(MIN_CHUNK, MAX_CHUNK);
+        // Totals must fit the plan's integer types (`total_bytes` u64, `count` u32).
+        u64::from(blocks).checked_mul(u64::from(layers))?.checked_mul(bytes_per_block_layer)?;
         let layer_bytes = u64::from(blocks).checked_mul(bytes_per_block_layer)?;
         let (layers_per_chunk, blocks_per_chunk) = if layer_bytes <= target {
             ((target / layer_bytes).clamp(1, u64::from(layers)) as u32, blocks)
         } else {
             (1, (target / bytes_per_block_layer).clamp(1, u64::from(blocks)) as u32)
         };
+        let count =
+            u64::from(layers.div_ceil(layers_per_chunk)) * u64::from(blocks.div_ceil(blocks_per_chunk));
+        if count > u64::from(u32::MAX) {
+            return None;
+        }
         Some(Self { blocks, layers, bytes_per_block_layer, layers_per_chunk, blocks_per_chunk })
     }
 
@@ -127,5 +135,8 @@ mod tests {
         assert_eq!(p.chunk(15).unwrap().blocks, (960, 1000));
         assert_eq!(p.chunk(16).unwrap().layers, (1, 2));
         assert!(ChunkPlan::new(0, 1, 1, 1).is_none());
+        // Totals that overflow are refused, not wrapped (found by fuzz_owner::chunk_plan_is_total).
+        assert!(ChunkPlan::new(u32::MAX, u32::MAX, 1 << 30, 0).is_none());
+        assert!(ChunkPlan::new(u32::MAX, u32::MAX, MAX_CHUNK + 1, 0).is_none());
     }
 }

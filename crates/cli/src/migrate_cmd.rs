@@ -1,0 +1,152 @@
+//! `kvferry migrate` and `kvferry links`: a router's view, over the Migration gRPC API.
+
+use std::time::Duration;
+
+use clap::Args;
+use kvferry_proto::v1::migration_client::MigrationClient;
+use kvferry_proto::v1::{GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode, migration_event};
+use tonic::transport::Channel;
+
+/// Flags of `kvferry migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The target region's daemon (router API), e.g. http://127.0.0.1:7070.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub daemon: String,
+    #[arg(long)]
+    pub session: String,
+    #[arg(long)]
+    pub tenant: String,
+    #[arg(long, default_value = "")]
+    pub model: String,
+    /// Token ids, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub tokens: Vec<u32>,
+    /// The region that holds the prefix (empty: ask every peer).
+    #[arg(long, default_value = "")]
+    pub source: String,
+    #[arg(long, default_value_t = 0)]
+    pub deadline_ms: u64,
+    /// auto | fetch | recompute
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    #[arg(long)]
+    pub allow_split: bool,
+    #[arg(long, default_value_t = 0)]
+    pub max_egress_bytes: u64,
+    /// Bearer token for the router API.
+    #[arg(long, env = "KVFERRY_BEARER_TOKEN", default_value = "")]
+    pub bearer: String,
+    /// Print the decision only (PlanMigration).
+    #[arg(long)]
+    pub plan_only: bool,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `kvferry links`.
+#[derive(Debug, Args)]
+pub struct LinksArgs {
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub daemon: String,
+    #[arg(long, env = "KVFERRY_BEARER_TOKEN", default_value = "")]
+    pub bearer: String,
+}
+
+async fn client(addr: &str) -> anyhow::Result<MigrationClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await?;
+    Ok(MigrationClient::new(ch).max_decoding_message_size(64 << 20))
+}
+
+fn with_auth<T>(msg: T, bearer: &str) -> anyhow::Result<tonic::Request<T>> {
+    let mut r = tonic::Request::new(msg);
+    if !bearer.is_empty() {
+        r.metadata_mut().insert("authorization", format!("Bearer {bearer}").parse()?);
+    }
+    Ok(r)
+}
+
+/// The request a migrate invocation sends.
+pub fn request(a: &MigrateArgs) -> anyhow::Result<MigrateSessionRequest> {
+    let mode = match a.mode.as_str() {
+        "auto" => PolicyMode::Auto,
+        "fetch" => PolicyMode::Fetch,
+        "recompute" => PolicyMode::Recompute,
+        other => anyhow::bail!("--mode must be auto, fetch or recompute, got {other:?}"),
+    };
+    Ok(MigrateSessionRequest {
+        session_id: a.session.clone(),
+        tenant: a.tenant.clone(),
+        model_id: a.model.clone(),
+        token_ids: a.tokens.clone(),
+        source_region: a.source.clone(),
+        deadline_ms: a.deadline_ms,
+        policy: Some(Policy {
+            mode: mode as i32,
+            allow_split: a.allow_split,
+            max_egress_bytes: a.max_egress_bytes,
+        }),
+        ..Default::default()
+    })
+}
+
+/// Calls MigrateSession (or PlanMigration) and prints the decision and receipt.
+pub async fn run(a: &MigrateArgs) -> anyhow::Result<()> {
+    let mut c = client(&a.daemon).await?;
+    let req = request(a)?;
+    if a.plan_only {
+        let d = c.plan_migration(with_auth(req, &a.bearer)?).await?.into_inner();
+        println!("{}", crate::report::decision(&d));
+        return Ok(());
+    }
+    let mut stream = c.migrate_session(with_auth(req, &a.bearer)?).await?.into_inner();
+    while let Some(ev) = stream.message().await? {
+        match ev.event {
+            Some(migration_event::Event::Decision(d)) => println!("{}", crate::report::decision(&d)),
+            Some(migration_event::Event::Progress(p)) => {
+                let pct =
+                    if p.bytes_total > 0 { 100.0 * p.bytes_done as f64 / p.bytes_total as f64 } else { 0.0 };
+                let bar = "#".repeat((pct / 5.0) as usize);
+                eprint!(
+                    "\r  [{bar:<20}] {pct:5.1}%  {:.1} MiB  {:.2} s",
+                    p.bytes_done as f64 / 1048576.0,
+                    p.elapsed_s
+                );
+            }
+            Some(migration_event::Event::Receipt(r)) => {
+                eprintln!();
+                println!("{}", crate::report::receipt(&r));
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}
+
+/// Calls GetLinks and prints a table.
+pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
+    let mut c = client(&a.daemon).await?;
+    let r = c.get_links(with_auth(GetLinksRequest {}, &a.bearer)?).await?.into_inner();
+    println!("links of region {}:", r.region);
+    println!(
+        "  {:<14} {:>9} {:>12} {:>9} {:>6} {:>8} {:>10} {:>9}",
+        "peer", "rtt_ms", "goodput", "age_s", "conf", "samples", "pred_err", "connected"
+    );
+    for l in r.links {
+        println!(
+            "  {:<14} {:>9.2} {:>8.2} Gb/s {:>9} {:>6.2} {:>8} {:>10.3} {:>9}",
+            l.region,
+            l.rtt_ms,
+            l.goodput_gbps,
+            if l.age_s < 0.0 { "never".to_owned() } else { format!("{:.1}", l.age_s) },
+            l.confidence,
+            l.samples,
+            l.prediction_error,
+            l.connected
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,382 @@
+//! Daemon configuration: one TOML file, overridable by environment (`KVFERRY_*`) and flags,
+//! parsed and validated into typed structs before any port is bound.
+//!
+//! `deploy/kvferry.toml` is the commented template; a test checks that it parses and equals
+//! [`Config::default`] for every field it sets.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A configuration the daemon refuses to start with.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {field}: {rule}")]
+    Invalid { field: String, rule: String },
+}
+
+fn invalid(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), rule: rule.into() }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// This daemon's region name (its identity is `spiffe://<trust_domain>/region/<region>`).
+    pub region: String,
+    /// SPIFFE trust domain shared by all regions.
+    pub trust_domain: String,
+    /// Directory for the engine sockets (`engine.sock`, `pool.sock`).
+    pub run_dir: PathBuf,
+    pub listen: Listen,
+    pub auth: Auth,
+    pub tls: Tls,
+    pub peers: Vec<Peer>,
+    pub limits: Limits,
+    pub transfer: Transfer,
+    pub policy: PolicyDefaults,
+}
+
+/// Listen addresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listen {
+    /// Router-facing gRPC (Migration), TCP.
+    pub grpc: SocketAddr,
+    /// Peer QUIC endpoint, UDP.
+    pub peer: SocketAddr,
+    /// HTTP: /metrics, /healthz, /readyz.
+    pub http: SocketAddr,
+}
+
+/// Router authentication.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Auth {
+    /// When non-empty, Migration calls must carry `authorization: Bearer <token>`.
+    pub bearer_token: String,
+}
+
+/// Peer TLS material.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Tls {
+    /// `dev`: a throwaway CA in `dev_dir` (created if missing) signs this region's certificate.
+    /// `files`: PEM files below.
+    pub mode: String,
+    pub dev_dir: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A peer region.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peer {
+    pub region: String,
+    pub addr: SocketAddr,
+    /// Expected goodput until measured, Gbit/s.
+    #[serde(default = "default_peer_gbps")]
+    pub gbps: f64,
+    /// Expected RTT until measured, ms.
+    #[serde(default = "default_peer_rtt_ms")]
+    pub rtt_ms: f64,
+}
+
+fn default_peer_gbps() -> f64 {
+    1.0
+}
+fn default_peer_rtt_ms() -> f64 {
+    50.0
+}
+
+/// Resource bounds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Chunk bytes held in staging, per direction.
+    pub staging_bytes: u64,
+    /// Bytes of fetched blocks held until engines load them.
+    pub landing_zone_bytes: u64,
+    /// Largest token list a request may carry.
+    pub max_tokens: u64,
+    /// Concurrent MigrateSession calls.
+    pub max_concurrent_migrations: u32,
+    /// Deadline when a request names none, ms.
+    pub default_deadline_ms: u64,
+}
+
+/// Transfer tuning.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Transfer {
+    pub chunk_bytes: u32,
+    pub streams: u32,
+    /// cubic | bbr | newreno
+    pub congestion: String,
+}
+
+/// Policy defaults applied when a request leaves them unset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyDefaults {
+    pub split_overhead_ms: f64,
+    pub split_min_gain: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            region: "region-a".into(),
+            trust_domain: "kvferry.local".into(),
+            run_dir: PathBuf::from("/run/kvferry"),
+            listen: Listen::default(),
+            auth: Auth::default(),
+            tls: Tls::default(),
+            peers: Vec::new(),
+            limits: Limits::default(),
+            transfer: Transfer::default(),
+            policy: PolicyDefaults::default(),
+        }
+    }
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Self {
+            grpc: "127.0.0.1:7070".parse().unwrap_or_else(|_| unreachable_addr()),
+            peer: "127.0.0.1:7071".parse().unwrap_or_else(|_| unreachable_addr()),
+            http: "127.0.0.1:7072".parse().unwrap_or_else(|_| unreachable_addr()),
+        }
+    }
+}
+
+fn unreachable_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+impl Default for Tls {
+    fn default() -> Self {
+        Self {
+            mode: "dev".into(),
+            dev_dir: PathBuf::from("/run/kvferry/dev-ca"),
+            ca: PathBuf::new(),
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            staging_bytes: 256 << 20,
+            landing_zone_bytes: 1 << 30,
+            max_tokens: 1 << 20,
+            max_concurrent_migrations: 64,
+            default_deadline_ms: 30_000,
+        }
+    }
+}
+
+impl Default for Transfer {
+    fn default() -> Self {
+        Self { chunk_bytes: 4 << 20, streams: 4, congestion: "cubic".into() }
+    }
+}
+
+impl Default for PolicyDefaults {
+    fn default() -> Self {
+        Self { split_overhead_ms: 5.0, split_min_gain: 0.05 }
+    }
+}
+
+impl Config {
+    /// Reads and validates a file.
+    pub fn load(path: &std::path::Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let cfg = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse { path: path.to_owned(), message },
+            other => other,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates TOML text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Config = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: PathBuf::new(), message: e.to_string() })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Applies `KVFERRY_*` environment overrides (region, run dir, listen addresses, token).
+    pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+        let addr = |k: &str, v: String| {
+            v.parse::<SocketAddr>().map_err(|_| invalid(k, format!("not an address: {v}")))
+        };
+        if let Some(v) = get("KVFERRY_REGION") {
+            self.region = v;
+        }
+        if let Some(v) = get("KVFERRY_RUN_DIR") {
+            self.run_dir = v.into();
+        }
+        if let Some(v) = get("KVFERRY_LISTEN_GRPC") {
+            self.listen.grpc = addr("KVFERRY_LISTEN_GRPC", v)?;
+        }
+        if let Some(v) = get("KVFERRY_LISTEN_PEER") {
+            self.listen.peer = addr("KVFERRY_LISTEN_PEER", v)?;
+        }
+        if let Some(v) = get("KVFERRY_LISTEN_HTTP") {
+            self.listen.http = addr("KVFERRY_LISTEN_HTTP", v)?;
+        }
+        if let Some(v) = get("KVFERRY_BEARER_TOKEN") {
+            self.auth.bearer_token = v;
+        }
+        self.validate()
+    }
+
+    /// Every rule, checked before anything binds.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let name_ok = |s: &str| {
+            !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        };
+        if !name_ok(&self.region) {
+            return Err(invalid("region", "must be non-empty: letters, digits, '-', '.', '_'"));
+        }
+        if !name_ok(&self.trust_domain) {
+            return Err(invalid("trust_domain", "must be non-empty: letters, digits, '-', '.', '_'"));
+        }
+        match self.tls.mode.as_str() {
+            "dev" => {}
+            "files" => {
+                for (f, p) in
+                    [("tls.ca", &self.tls.ca), ("tls.cert", &self.tls.cert), ("tls.key", &self.tls.key)]
+                {
+                    if p.as_os_str().is_empty() {
+                        return Err(invalid(f, "is required with tls.mode = \"files\""));
+                    }
+                }
+            }
+            other => return Err(invalid("tls.mode", format!("must be \"dev\" or \"files\", got {other:?}"))),
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            if !name_ok(&p.region) {
+                return Err(invalid(format!("peers[{i}].region"), "must be a region name"));
+            }
+            if p.region == self.region {
+                return Err(invalid(format!("peers[{i}].region"), "must differ from this daemon's region"));
+            }
+            if !seen.insert(&p.region) {
+                return Err(invalid(format!("peers[{i}].region"), format!("{} is listed twice", p.region)));
+            }
+            if !(p.gbps.is_finite() && p.gbps > 0.0) {
+                return Err(invalid(format!("peers[{i}].gbps"), "must be > 0"));
+            }
+            if !(p.rtt_ms.is_finite() && p.rtt_ms >= 0.0) {
+                return Err(invalid(format!("peers[{i}].rtt_ms"), "must be >= 0"));
+            }
+        }
+        let l = &self.limits;
+        if l.staging_bytes < (8 << 20) {
+            return Err(invalid("limits.staging_bytes", "must be at least 8 MiB"));
+        }
+        if l.landing_zone_bytes < (16 << 20) {
+            return Err(invalid("limits.landing_zone_bytes", "must be at least 16 MiB"));
+        }
+        if l.max_tokens == 0 || l.max_concurrent_migrations == 0 || l.default_deadline_ms == 0 {
+            return Err(invalid(
+                "limits",
+                "max_tokens, max_concurrent_migrations and default_deadline_ms must be > 0",
+            ));
+        }
+        let t = &self.transfer;
+        if !(64 << 10..=64 << 20).contains(&t.chunk_bytes) {
+            return Err(invalid("transfer.chunk_bytes", "must be between 64 KiB and 64 MiB"));
+        }
+        if !(1..=64).contains(&t.streams) {
+            return Err(invalid("transfer.streams", "must be between 1 and 64"));
+        }
+        if kvferry_peer::Congestion::parse(&t.congestion).is_none() {
+            return Err(invalid("transfer.congestion", "must be cubic, bbr or newreno"));
+        }
+        let p = &self.policy;
+        if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
+            return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
+        }
+        if !(0.0..=1.0).contains(&p.split_min_gain) {
+            return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
+        }
+        Ok(())
+    }
+
+    /// `<run_dir>/engine.sock`.
+    pub fn engine_socket(&self) -> PathBuf {
+        self.run_dir.join("engine.sock")
+    }
+
+    /// `<run_dir>/pool.sock`.
+    pub fn pool_socket(&self) -> PathBuf {
+        self.run_dir.join("pool.sock")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_template_parses_and_matches_the_defaults() {
+        let text = include_str!("../../../deploy/kvferry.toml");
+        let cfg = Config::parse(text).expect("deploy/kvferry.toml must parse");
+        // The template documents one example peer; everything else is the default.
+        let want = Config { peers: cfg.peers.clone(), ..Config::default() };
+        assert_eq!(cfg, want);
+        assert_eq!(cfg.peers.len(), 1);
+    }
+
+    #[test]
+    fn bad_configs_name_the_field() {
+        let cases = [
+            ("region = \"\"", "region"),
+            ("[tls]\nmode = \"magic\"", "tls.mode"),
+            ("[tls]\nmode = \"files\"", "tls.ca"),
+            ("[[peers]]\nregion = \"region-a\"\naddr = \"127.0.0.1:1\"", "peers[0].region"),
+            ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ngbps = 0", "peers[0].gbps"),
+            ("[limits]\nstaging_bytes = 1", "limits.staging_bytes"),
+            ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion"),
+            ("[transfer]\nstreams = 0", "transfer.streams"),
+            ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
+        ];
+        for (text, field) in cases {
+            let e = Config::parse(text).unwrap_err().to_string();
+            assert!(e.contains(field), "{text:?}: {e}");
+        }
+        assert!(Config::parse("bogus = 1").unwrap_err().to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn environment_overrides_apply_and_validate() {
+        let mut c = Config::default();
+        let env = |k: &str| match k {
+            "KVFERRY_REGION" => Some("eu-west".to_owned()),
+            "KVFERRY_LISTEN_GRPC" => Some("127.0.0.1:9".to_owned()),
+            _ => None,
+        };
+        c.apply_env(env).unwrap();
+        assert_eq!(c.region, "eu-west");
+        assert_eq!(c.listen.grpc.port(), 9);
+        let bad = |k: &str| (k == "KVFERRY_LISTEN_PEER").then(|| "nowhere".to_owned());
+        assert!(c.apply_env(bad).unwrap_err().to_string().contains("KVFERRY_LISTEN_PEER"));
+    }
+}

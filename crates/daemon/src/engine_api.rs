@@ -1,0 +1,359 @@
+//! The engine-facing gRPC service (`kvferry.v1.Engine`, on a Unix socket) and the fd-passing
+//! socket that shared-memory pools arrive on.
+//!
+//! A pool's lifetime: the engine hands its memfd to `pool.sock` and gets a token; it calls
+//! `RegisterPool` with the token and gets a lease; it keeps the lease alive by holding its
+//! `Attach` stream open. When that stream ends, the lease, the pool mapping and every block
+//! index entry of the engine are released.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvferry_layout::{AttnSpec, BlockHash, Dtype, LayoutFingerprint, PoolLayout, StrideOrder};
+use kvferry_pool::MemoryBackend;
+use kvferry_proto::v1::engine_server::Engine;
+use kvferry_proto::v1::{
+    DaemonCommand, EngineEvent, LoadRequest, LoadResponse, LookupRequest, LookupResponse, PoolLayoutSpec,
+    RegisterPoolRequest, RegisterPoolResponse, ReleaseRequest, ReleaseResponse, engine_event,
+    register_pool_request,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::Shared;
+use crate::error::DaemonError;
+use crate::registry::{EngineEntry, EngineLoad, Profile};
+
+/// Parses a wire layout spec into a layout.
+pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
+    let dtype = match spec.dtype.as_str() {
+        "f32" => Dtype::F32,
+        "bf16" => Dtype::Bf16,
+        "f16" => Dtype::F16,
+        "fp8_e4m3" => Dtype::Fp8E4m3,
+        other => {
+            return Err(DaemonError::Invalid(format!(
+                "layout.dtype {other:?} is not f32, bf16, f16 or fp8_e4m3"
+            )));
+        }
+    };
+    let attn = AttnSpec {
+        layers: spec.layers,
+        kv_heads: spec.kv_heads,
+        head_dim: spec.head_dim,
+        block_size: spec.block_size,
+        dtype,
+    };
+    let r = match spec.kind.as_str() {
+        "vllm_flash_attn_nhd" => PoolLayout::vllm_flash_attn(attn, spec.num_blocks, StrideOrder::Nhd),
+        "vllm_flash_attn_hnd" => PoolLayout::vllm_flash_attn(attn, spec.num_blocks, StrideOrder::Hnd),
+        "flashinfer_nhd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Nhd),
+        "flashinfer_hnd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Hnd),
+        other => return Err(DaemonError::Invalid(format!("layout.kind {other:?} is not supported"))),
+    };
+    r.map_err(|e| DaemonError::Invalid(format!("layout: {e}")))
+}
+
+/// The 32-byte form of a layout fingerprint's digest (what crosses the wire).
+pub fn digest_bytes(fp: &LayoutFingerprint) -> [u8; 32] {
+    let hex = fp.digest();
+    let mut out = [0u8; 32];
+    if let Ok(v) = hex::decode(hex)
+        && v.len() == 32
+    {
+        out.copy_from_slice(&v);
+    }
+    out
+}
+
+/// The region's block hashes for a token list (full blocks only).
+pub fn hashes_for(tenant: &str, tokens: &[u32], block_size: u32) -> Vec<BlockHash> {
+    kvferry_layout::block_hashes(tenant.as_bytes(), tokens, block_size)
+}
+
+/// The Engine service.
+#[derive(Debug)]
+pub struct EngineService {
+    pub shared: Arc<Shared>,
+}
+
+impl EngineService {
+    fn engine(&self, lease_id: &str) -> Result<Arc<EngineEntry>, DaemonError> {
+        self.shared
+            .registry
+            .by_lease(lease_id)
+            .ok_or_else(|| DaemonError::NotFound(format!("lease {lease_id:?}")))
+    }
+}
+
+fn hash_of(b: &[u8]) -> Result<BlockHash, DaemonError> {
+    b.try_into().map_err(|_| DaemonError::Invalid(format!("a block hash is {} bytes, not 32", b.len())))
+}
+
+#[tonic::async_trait]
+impl Engine for EngineService {
+    async fn register_pool(
+        &self,
+        req: Request<RegisterPoolRequest>,
+    ) -> Result<Response<RegisterPoolResponse>, Status> {
+        let r = req.into_inner();
+        if r.engine_id.is_empty() || r.model_id.is_empty() {
+            return Err(DaemonError::Invalid("engine_id and model_id are required".into()).into());
+        }
+        let spec = r.layout.as_ref().ok_or_else(|| DaemonError::Invalid("layout is required".into()))?;
+        let layout = layout_of(spec)?;
+        let backend: Arc<dyn MemoryBackend> = match r.access {
+            Some(register_pool_request::Access::Shm(shm)) => {
+                let (model, offered, backend) =
+                    self.shared.registry.take_pending_pool(&shm.pool_token).ok_or_else(|| {
+                        DaemonError::NotFound(format!(
+                            "shm pool token {:?} (hand the fd to pool.sock first)",
+                            shm.pool_token
+                        ))
+                    })?;
+                if model != r.model_id {
+                    return Err(DaemonError::Precondition(format!(
+                        "the shm pool was offered for model {model:?}, registered as {:?}",
+                        r.model_id
+                    ))
+                    .into());
+                }
+                if offered.as_ref() != Some(&layout) {
+                    return Err(DaemonError::Precondition(
+                        "the registered layout differs from the offered pool's".into(),
+                    )
+                    .into());
+                }
+                backend
+            }
+            Some(register_pool_request::Access::Nixl(_)) | Some(register_pool_request::Access::Cuda(_)) => {
+                return Err(DaemonError::Precondition(
+                    "this daemon build serves shm pools on the engine socket; NIXL and CUDA IPC pools attach through their backends (crates/pool-nixl, crates/pool-cuda) but are not wired to RegisterPool yet".into(),
+                )
+                .into());
+            }
+            None => return Err(DaemonError::Invalid("access is required".into()).into()),
+        };
+        let profile = r.profile.unwrap_or_default();
+        let linear_ok = profile.linear_s_per_token.is_finite() && profile.linear_s_per_token > 0.0;
+        let attention_ok = profile.attention_s_per_pair.is_finite() && profile.attention_s_per_pair >= 0.0;
+        if !(linear_ok && attention_ok) {
+            return Err(DaemonError::Invalid(
+                "profile: linear_s_per_token must be > 0 and attention_s_per_pair >= 0".into(),
+            )
+            .into());
+        }
+        let fingerprint = layout.fingerprint(&r.model_id);
+        let digest = digest_bytes(&fingerprint);
+        let lease_id = format!("{:032x}", rand::random::<u128>());
+        let entry = Arc::new(EngineEntry {
+            engine_id: r.engine_id.clone(),
+            model_id: r.model_id.clone(),
+            lease_id: lease_id.clone(),
+            layout,
+            fingerprint,
+            digest,
+            backend,
+            profile: std::sync::Mutex::new(Profile {
+                linear_s_per_token: profile.linear_s_per_token,
+                attention_s_per_pair: profile.attention_s_per_pair,
+            }),
+            load: std::sync::Mutex::new(EngineLoad::default()),
+            blocks: Default::default(),
+            commands: std::sync::Mutex::new(None),
+            recompute_waiters: Default::default(),
+            registered_at: Instant::now(),
+        });
+        self.shared.registry.insert(entry);
+        tracing::info!(engine = %r.engine_id, model = %r.model_id, lease = %lease_id, "engine pool registered");
+        Ok(Response::new(RegisterPoolResponse {
+            lease_id,
+            layout_fingerprint: digest.to_vec(),
+            lease_ttl_ms: 0,
+        }))
+    }
+
+    type AttachStream = ReceiverStream<Result<DaemonCommand, Status>>;
+
+    async fn attach(
+        &self,
+        req: Request<Streaming<EngineEvent>>,
+    ) -> Result<Response<Self::AttachStream>, Status> {
+        let mut events = req.into_inner();
+        let first = events
+            .message()
+            .await?
+            .ok_or_else(|| DaemonError::Invalid("Attach: the first message must name the lease".into()))?;
+        let engine = self.engine(&first.lease_id)?;
+        let (tx, rx) = mpsc::channel(64);
+        if let Ok(mut c) = engine.commands.lock() {
+            *c = Some(tx);
+        }
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut next = Some(first);
+            loop {
+                let ev = match next.take() {
+                    Some(e) => e,
+                    None => match events.message().await {
+                        Ok(Some(e)) => e,
+                        _ => break,
+                    },
+                };
+                apply_event(&engine, ev);
+            }
+            // The stream ended: the engine is gone, and so is its lease.
+            tracing::info!(engine = %engine.engine_id, "engine detached; releasing its lease");
+            shared.registry.remove(&engine.lease_id);
+            if let Ok(mut c) = engine.commands.lock() {
+                c.take();
+            }
+            if let Ok(mut w) = engine.recompute_waiters.lock() {
+                for (_, tx) in w.drain() {
+                    let _ = tx.send(Err("engine detached".into()));
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn lookup(&self, req: Request<LookupRequest>) -> Result<Response<LookupResponse>, Status> {
+        let r = req.into_inner();
+        let engine = self.engine(&r.lease_id)?;
+        let bs = engine.layout.spec().block_size;
+        let hashes = hashes_for(&r.tenant, &r.token_ids, bs);
+        let mut out = LookupResponse::default();
+        for h in hashes {
+            let in_engine = engine.block_of(&r.tenant, &h).is_some();
+            let landed = !in_engine
+                && self.shared.landing.get(&r.tenant, &h).is_some_and(|l| l.fingerprint == engine.digest);
+            if !(in_engine || landed) {
+                break;
+            }
+            out.block_hashes.push(h.to_vec());
+            out.in_engine.push(in_engine);
+        }
+        out.ready_tokens = out.block_hashes.len() as u64 * u64::from(bs);
+        self.shared.metrics.lookups.inc();
+        self.shared.metrics.lookup_tokens.add(r.token_ids.len() as u64);
+        self.shared.metrics.lookup_hit_tokens.add(out.ready_tokens);
+        Ok(Response::new(out))
+    }
+
+    async fn load(&self, req: Request<LoadRequest>) -> Result<Response<LoadResponse>, Status> {
+        let r = req.into_inner();
+        let engine = self.engine(&r.lease_id)?;
+        if r.block_hashes.len() != r.block_ids.len() {
+            return Err(DaemonError::Invalid("block_hashes and block_ids differ in length".into()).into());
+        }
+        let hashes: Vec<BlockHash> = r.block_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
+        let layers = engine.layout.num_layers();
+        // Resolve everything (and bounds-check every block id) before the first write.
+        let mut plan = Vec::with_capacity(hashes.len());
+        for (h, &id) in hashes.iter().zip(&r.block_ids) {
+            let landed = self.shared.landing.get(&r.tenant, h).ok_or_else(|| {
+                DaemonError::NotFound(format!("block {} is not ready in this region", hex::encode(h)))
+            })?;
+            if landed.fingerprint != engine.digest {
+                return Err(
+                    DaemonError::Precondition("a ready block was fetched for another layout".into()).into()
+                );
+            }
+            let extents = engine
+                .layout
+                .extents(&[id], 0..layers)
+                .map_err(|e| DaemonError::Invalid(format!("block id {id}: {e}")))?;
+            plan.push((extents, landed));
+        }
+        self.shared.landing.lease(&hashes);
+        let result: Result<(), DaemonError> = async {
+            for (extents, landed) in &plan {
+                let mut staging = engine.backend.staging(landed.bytes.len())?;
+                staging.as_mut_slice()[..landed.bytes.len()].copy_from_slice(&landed.bytes);
+                engine.backend.write(extents, &staging).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.shared.landing.unlease(&hashes);
+        result?;
+        Ok(Response::new(LoadResponse { blocks_loaded: plan.len() as u32 }))
+    }
+
+    async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
+        let r = req.into_inner();
+        let _ = self.engine(&r.lease_id)?;
+        let hashes: Vec<BlockHash> = r.block_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
+        self.shared.landing.remove(&hashes);
+        Ok(Response::new(ReleaseResponse {}))
+    }
+}
+
+fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
+    match ev.event {
+        Some(engine_event::Event::Stored(s)) => {
+            if let Ok(mut b) = engine.blocks.lock() {
+                for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
+                    if let Ok(h) = hash_of(h) {
+                        b.insert(h, (*id, s.tenant.clone()));
+                    }
+                }
+            }
+        }
+        Some(engine_event::Event::Removed(r)) => {
+            if let Ok(mut b) = engine.blocks.lock() {
+                for h in &r.block_hashes {
+                    if let Ok(h) = hash_of(h) {
+                        b.remove(&h);
+                    }
+                }
+            }
+        }
+        Some(engine_event::Event::Load(l)) => {
+            if let Ok(mut load) = engine.load.lock() {
+                *load = EngineLoad { queue_depth: l.queue_depth, utilization: l.utilization };
+            }
+            if let Some(p) = l.profile
+                && p.linear_s_per_token > 0.0
+                && p.attention_s_per_pair >= 0.0
+                && let Ok(mut prof) = engine.profile.lock()
+            {
+                *prof = Profile {
+                    linear_s_per_token: p.linear_s_per_token,
+                    attention_s_per_pair: p.attention_s_per_pair,
+                };
+            }
+        }
+        Some(engine_event::Event::RecomputeDone(d)) => {
+            if let Some(tx) = engine.recompute_waiters.lock().ok().and_then(|mut w| w.remove(&d.session_id)) {
+                let _ = tx.send(if d.error.is_empty() { Ok(d.tokens) } else { Err(d.error) });
+            }
+        }
+        None => {}
+    }
+}
+
+/// Accepts shm pools on `pool.sock`: each connection carries one offer (fd + layout + model
+/// id); the reply is one line, the token, or `error: ...`.
+pub fn serve_pool_socket(listener: std::os::unix::net::UnixListener, shared: Arc<Shared>) {
+    use std::io::Write;
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        let reply = match kvferry_pool_shm::accept_pool(&stream) {
+            Ok((offer, backend)) => {
+                let token = format!("{:032x}", rand::random::<u128>());
+                let layout = offer.layout.clone();
+                shared.registry.add_pending_pool(
+                    token.clone(),
+                    offer.model_id.clone(),
+                    layout,
+                    Arc::new(backend),
+                );
+                token
+            }
+            Err(e) => format!("error: {e}"),
+        };
+        let _ = writeln!(stream, "{reply}");
+    }
+}

@@ -1,0 +1,223 @@
+//! Carrying out a planned migration: fetch into the landing zone, tell the engine to
+//! recompute, or both at once (split); with deadlines everywhere and a recompute fallback when
+//! a fetch cannot finish (source down, deadline). Blocks become visible only after their
+//! fetch returned `Ok` (every byte verified); a failed fetch leaves nothing behind.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
+use kvferry_proto::v1::{
+    DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
+};
+use tokio::sync::{mpsc, oneshot};
+use tonic::Status;
+
+use crate::Shared;
+use crate::blockbuf::BlockShape;
+use crate::catalog::{LandingSink, landed_blocks};
+use crate::error::DaemonError;
+use crate::plan::{Planned, Prepared};
+
+type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
+
+/// Runs the plan; returns the receipt.
+pub async fn execute(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    plan: &Planned,
+    events: &Events,
+) -> Result<Receipt, DaemonError> {
+    let t0 = Instant::now();
+    let bs = p.block_size as usize;
+    let mut receipt =
+        Receipt { action: plan.action.to_owned(), predicted_s: plan.predicted_s, ..Default::default() };
+    match plan.action {
+        "already_local" => {
+            receipt.tokens_ready = (p.local_blocks * bs) as u64;
+            receipt.path = format!("{}: already in this region", shared.config.region);
+        }
+        "recompute" => {
+            let n = recompute(p, plan.recompute_tokens).await?;
+            receipt.tokens_ready = n;
+            receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
+        }
+        "fetch" => match fetch(shared, p, plan.fetch_from, plan.fetch_end, events).await {
+            Ok(r) => fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs),
+            Err(e) => fallback(shared, p, &mut receipt, e).await?,
+        },
+        "split" => {
+            let k = plan.recompute_tokens;
+            let (rec, fet) =
+                tokio::join!(recompute(p, k), fetch(shared, p, plan.fetch_from, plan.fetch_end, events));
+            match (rec, fet) {
+                (Ok(_), Ok(r)) => {
+                    fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs);
+                    receipt.path = format!(
+                        "{} + {} engine {}: prefill [0, {k})",
+                        receipt.path, shared.config.region, p.engine.engine_id
+                    );
+                }
+                (Err(e), _) => return Err(e),
+                (Ok(_), Err(e)) => fallback(shared, p, &mut receipt, e).await?,
+            }
+        }
+        other => return Err(DaemonError::Internal(format!("unknown action {other}"))),
+    }
+    receipt.wall_s = t0.elapsed().as_secs_f64();
+    receipt.measured_s = receipt.wall_s;
+    if receipt.fallback.is_empty()
+        && receipt.predicted_s > 0.0
+        && let Some((src, _)) = &p.source
+    {
+        shared.links.record_prediction(src, receipt.predicted_s, receipt.measured_s);
+        let err = (receipt.predicted_s - receipt.measured_s).abs() / receipt.measured_s.max(1e-9);
+        shared.metrics.last_prediction_error.set(err);
+    }
+    Ok(receipt)
+}
+
+fn fill_fetch(shared: &Shared, p: &Prepared, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
+    receipt.tokens_ready = ready_tokens as u64;
+    receipt.bytes_moved = r.bytes;
+    receipt.goodput_gbps = r.goodput_bps / 1e9;
+    receipt.reconnects = r.reconnects;
+    receipt.first_layer_s = r.first_layer.map_or(0.0, |d| d.as_secs_f64());
+    let src = p.source.as_ref().map_or("?", |(s, _)| s.as_str());
+    receipt.path = format!(
+        "{src} pool -> QUIC (mutual TLS, {} streams) -> {} landing zone",
+        shared.config.transfer.streams, shared.config.region
+    );
+    shared.metrics.bytes_fetched.add(r.bytes);
+    shared.metrics.last_goodput_gbps.set(r.goodput_bps / 1e9);
+}
+
+/// A fetch failed: recompute instead if the request allows it and time remains.
+async fn fallback(
+    shared: &Shared,
+    p: &Prepared,
+    receipt: &mut Receipt,
+    e: DaemonError,
+) -> Result<(), DaemonError> {
+    shared.metrics.fallbacks.inc();
+    let total = p.hashes.len() * p.block_size as usize;
+    if p.tokens.len() < total {
+        return Err(e);
+    }
+    tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
+    let n = recompute(p, total).await?;
+    receipt.action = "recompute".into();
+    receipt.fallback = format!("fetch failed ({e}); recomputed instead");
+    receipt.tokens_ready = n;
+    receipt.bytes_moved = 0;
+    receipt.path =
+        format!("{} engine {}: local prefill (fallback)", shared.config.region, p.engine.engine_id);
+    Ok(())
+}
+
+/// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
+async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+    if n == 0 {
+        return Ok(0);
+    }
+    let sender =
+        p.engine.commands.lock().ok().and_then(|c| c.clone()).ok_or_else(|| {
+            DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
+        })?;
+    let (tx, rx) = oneshot::channel();
+    let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
+    if let Ok(mut w) = p.engine.recompute_waiters.lock() {
+        w.insert(key.clone(), tx);
+    }
+    let cmd = DaemonCommand {
+        command: Some(daemon_command::Command::Recompute(Recompute {
+            session_id: key.clone(),
+            tenant: p.tenant.clone(),
+            token_ids: p.tokens[..n.min(p.tokens.len())].to_vec(),
+        })),
+    };
+    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::Unavailable("engine detached".into()))?;
+    let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    match tokio::time::timeout(remaining, rx).await {
+        Ok(Ok(Ok(tokens))) => Ok(tokens),
+        Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
+        Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
+        Err(_) => {
+            if let Ok(mut w) = p.engine.recompute_waiters.lock() {
+                w.remove(&key);
+            }
+            Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
+        }
+    }
+}
+
+/// Fetches blocks `[from, end)` from the source into the landing zone.
+async fn fetch(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    from: usize,
+    end: usize,
+    events: &Events,
+) -> Result<FetchReceipt, DaemonError> {
+    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::Internal("fetch without a source".into()))?;
+    let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
+    let id =
+        RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::Internal(e.to_string()))?;
+    let shape = BlockShape::of(&p.engine.layout).map_err(DaemonError::Internal)?;
+    let hashes = p.hashes[from..end].to_vec();
+    let total = shape.block_bytes() * hashes.len() as u64;
+    let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::Exhausted(e.to_string()))?;
+    let sink = Arc::new(LandingSink::new(shape.clone(), hashes.len()));
+    let spec = FetchSpec {
+        tenant: p.tenant.clone(),
+        fingerprint: p.engine.digest,
+        hashes: hashes.clone(),
+        layers: shape.layers(),
+        bytes_per_block_layer: shape.layer_bytes(0),
+        deadline: p.deadline,
+    };
+    let _active = shared.links.begin(&src);
+    let progress = {
+        let (landed, events) = (sink.landed_bytes.clone(), events.clone());
+        let t0 = Instant::now();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let ev = MigrationEvent {
+                    event: Some(migration_event::Event::Progress(Progress {
+                        bytes_done: landed.load(Ordering::Relaxed),
+                        bytes_total: total,
+                        elapsed_s: t0.elapsed().as_secs_f64(),
+                    })),
+                };
+                if events.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        })
+    };
+    let result = shared.node.fetch(&id, peer.addr, spec, sink.clone()).await;
+    progress.abort();
+    let r = result.map_err(|e| match e {
+        kvferry_wire::WireError::DeadlineExceeded => {
+            DaemonError::Deadline("the fetch did not finish before the deadline".into())
+        }
+        other => DaemonError::Unavailable(format!("fetch from {src}: {other}")),
+    })?;
+    if r.blocks as usize != hashes.len() {
+        return Err(DaemonError::Unavailable(format!(
+            "{src} served {} of {} blocks",
+            r.blocks,
+            hashes.len()
+        )));
+    }
+    let sink =
+        Arc::try_unwrap(sink).map_err(|_| DaemonError::Internal("landing sink still shared".into()))?;
+    shared
+        .landing
+        .commit(reservation, landed_blocks(&p.tenant, p.engine.digest, &hashes, sink.into_blocks()));
+    shared.links.record_goodput(&src, r.bytes, r.wall.as_secs_f64());
+    shared.links.record_rtt(&src, r.rtt.as_secs_f64());
+    Ok(r)
+}

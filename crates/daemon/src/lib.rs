@@ -1,0 +1,224 @@
+//! kvferry's per-region daemon.
+//!
+//! Codemap: [`config`] (TOML, env, validation), [`registry`] (engines, pools, block index),
+//! [`landing`] (fetched blocks until engines load them), [`catalog`] (what peers may fetch;
+//! where fetches land), [`blockbuf`] (chunk ↔ block byte permutations), [`links`] (per-peer
+//! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
+//! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
+//! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
+//!
+//! [`Daemon::start`] validates nothing itself: the [`Config`] it receives is already validated,
+//! and every listener is bound before the daemon reports ready.
+
+pub mod blockbuf;
+pub mod catalog;
+pub mod config;
+pub mod engine_api;
+pub mod error;
+pub mod execute;
+pub mod http;
+pub mod landing;
+pub mod links;
+pub mod metrics;
+pub mod plan;
+pub mod registry;
+pub mod service;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use kvferry_peer::{Congestion, DevPki, LinkTuning, PeerConfig, PeerNode, TrustPolicy};
+use kvferry_proto::v1::engine_server::EngineServer;
+use kvferry_proto::v1::migration_server::MigrationServer;
+use tokio::sync::Semaphore;
+
+pub use config::Config;
+
+/// State shared by every service of one daemon.
+pub struct Shared {
+    pub config: Config,
+    pub registry: Arc<registry::Registry>,
+    pub landing: Arc<landing::LandingZone>,
+    pub links: links::LinkTable,
+    pub metrics: Arc<metrics::Metrics>,
+    pub node: Arc<PeerNode>,
+    pub migrations: Arc<Semaphore>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("region", &self.config.region).finish_non_exhaustive()
+    }
+}
+
+/// A running daemon: where it listens, and its state (for tests and the demo).
+#[derive(Debug)]
+pub struct Daemon {
+    pub shared: Arc<Shared>,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub peer_addr: SocketAddr,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+struct HttpRoutes(Arc<Shared>);
+
+impl http::Routes for HttpRoutes {
+    fn metrics(&self) -> String {
+        let s = &self.0;
+        let links: Vec<(String, f64, f64, f64)> = s
+            .links
+            .regions()
+            .into_iter()
+            .filter_map(|r| {
+                let f = s.links.figures(&r)?;
+                Some((r, f.rtt_s * 1e3, f.goodput_bps / 1e9, f.prediction_error))
+            })
+            .collect();
+        s.metrics.render(&links, s.landing.occupancy())
+    }
+    fn ready(&self) -> bool {
+        true
+    }
+}
+
+fn tls_material(cfg: &Config) -> anyhow::Result<(kvferry_peer::TlsIdentity, Arc<rustls::RootCertStore>)> {
+    match cfg.tls.mode.as_str() {
+        "dev" => {
+            let pki = DevPki::load_or_create(&cfg.tls.dev_dir, &cfg.trust_domain)?;
+            Ok((pki.issue(&cfg.region)?, pki.roots()))
+        }
+        _ => Ok(kvferry_peer::tls::load_identity_files(&cfg.tls.ca, &cfg.tls.cert, &cfg.tls.key)?),
+    }
+}
+
+impl Daemon {
+    /// Binds every listener and starts serving.
+    pub async fn start(config: Config) -> anyhow::Result<Self> {
+        config.validate()?;
+        std::fs::create_dir_all(&config.run_dir)
+            .with_context(|| format!("creating {}", config.run_dir.display()))?;
+        let (identity, roots) = tls_material(&config)?;
+        if identity.id.region != config.region || identity.id.trust_domain != config.trust_domain {
+            anyhow::bail!(
+                "the certificate names {}, but this daemon is region {} in {}",
+                identity.id,
+                config.region,
+                config.trust_domain
+            );
+        }
+        let registry = Arc::new(registry::Registry::default());
+        let landing = landing::LandingZone::new(config.limits.landing_zone_bytes);
+        let metrics = Arc::new(metrics::Metrics::default());
+        let catalog = Arc::new(catalog::RegionCatalog {
+            registry: registry.clone(),
+            landing: landing.clone(),
+            metrics: metrics.clone(),
+        });
+        let (bw, rtt) = config
+            .peers
+            .iter()
+            .fold((0.0f64, 0.0f64), |(b, r), p| (b.max(p.gbps * 1e9), r.max(p.rtt_ms / 1000.0)));
+        let tuning = LinkTuning {
+            bandwidth_bps: if bw > 0.0 { bw } else { 10e9 },
+            rtt: Duration::from_secs_f64(if rtt > 0.0 { rtt } else { 0.05 }),
+            streams: config.transfer.streams,
+            congestion: Congestion::parse(&config.transfer.congestion).unwrap_or(Congestion::Cubic),
+            ..LinkTuning::default()
+        };
+        let node = PeerNode::start(
+            PeerConfig {
+                identity,
+                policy: TrustPolicy {
+                    roots,
+                    trust_domain: config.trust_domain.clone(),
+                    allowed_regions: config.peers.iter().map(|p| p.region.clone()).collect(),
+                },
+                listen: config.listen.peer,
+                tuning,
+                staging_bytes: config.limits.staging_bytes as usize,
+                chunk_target_bytes: config.transfer.chunk_bytes,
+            },
+            catalog,
+        )
+        .map_err(|e| anyhow::anyhow!("peer endpoint on {}: {e}", config.listen.peer))?;
+        let peer_addr = node.local_addr();
+        let shared = Arc::new(Shared {
+            links: links::LinkTable::new(&config.peers),
+            migrations: Arc::new(Semaphore::new(config.limits.max_concurrent_migrations as usize)),
+            config,
+            registry,
+            landing,
+            metrics,
+            node,
+        });
+        let mut tasks = Vec::new();
+
+        // Engine API on a Unix socket; the fd-passing socket beside it.
+        let engine_sock = shared.config.engine_socket();
+        let pool_sock = shared.config.pool_socket();
+        for p in [&engine_sock, &pool_sock] {
+            let _ = std::fs::remove_file(p);
+        }
+        let uds = tokio::net::UnixListener::bind(&engine_sock)
+            .with_context(|| format!("binding {}", engine_sock.display()))?;
+        let pool_listener = std::os::unix::net::UnixListener::bind(&pool_sock)
+            .with_context(|| format!("binding {}", pool_sock.display()))?;
+        {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("kvferry-pool-sock".into())
+                .spawn(move || engine_api::serve_pool_socket(pool_listener, shared))?;
+        }
+        let engine_svc = EngineServer::new(engine_api::EngineService { shared: shared.clone() });
+        tasks.push(
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .add_service(engine_svc)
+                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(uds)),
+            )
+            .abort_handle(),
+        );
+
+        // Router API on TCP, with reflection.
+        let grpc = tokio::net::TcpListener::bind(shared.config.listen.grpc)
+            .await
+            .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
+        let grpc_addr = grpc.local_addr()?;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(kvferry_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()?;
+        tasks.push(
+            tokio::spawn(
+                tonic::transport::Server::builder()
+                    .concurrency_limit_per_connection(256)
+                    .timeout(Duration::from_secs(600))
+                    .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
+                    .add_service(reflection)
+                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(grpc)),
+            )
+            .abort_handle(),
+        );
+
+        // HTTP observability.
+        let http = tokio::net::TcpListener::bind(shared.config.listen.http)
+            .await
+            .with_context(|| format!("binding {}", shared.config.listen.http))?;
+        let http_addr = http.local_addr()?;
+        tasks.push(tokio::spawn(http::serve(http, Arc::new(HttpRoutes(shared.clone())))).abort_handle());
+
+        tracing::info!(region = %shared.config.region, grpc = %grpc_addr, peer = %peer_addr, http = %http_addr,
+            run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");
+        Ok(Self { shared, grpc_addr, http_addr, peer_addr, tasks })
+    }
+}

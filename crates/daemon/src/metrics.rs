@@ -1,0 +1,144 @@
+//! Prometheus metrics, rendered by hand in the text exposition format (no registry crate: a
+//! few counters and gauges, all lock-free on the hot path).
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A monotonically increasing counter.
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.add(1);
+    }
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A float gauge stored as bits.
+#[derive(Debug, Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    pub fn set(&self, v: f64) {
+        self.0.store(v.to_bits(), Ordering::Relaxed);
+    }
+    pub fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// Every metric the daemon exports.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub decisions_fetch: Counter,
+    pub decisions_recompute: Counter,
+    pub decisions_split: Counter,
+    pub decisions_local: Counter,
+    pub fallbacks: Counter,
+    pub migrations_failed: Counter,
+    pub bytes_fetched: Counter,
+    pub served_requests: Counter,
+    pub lookups: Counter,
+    pub lookup_hit_tokens: Counter,
+    pub lookup_tokens: Counter,
+    pub last_goodput_gbps: Gauge,
+    pub last_prediction_error: Gauge,
+}
+
+impl Metrics {
+    /// Renders the exposition text; `extra` appends per-peer and landing-zone gauges.
+    pub fn render(&self, links: &[(String, f64, f64, f64)], landing: (u64, u64, u64)) -> String {
+        let mut o = String::new();
+        let mut counter = |name: &str, help: &str, labels: &[(&str, u64)]| {
+            let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (l, v) in labels {
+                if l.is_empty() {
+                    let _ = writeln!(o, "{name} {v}");
+                } else {
+                    let _ = writeln!(o, "{name}{{{l}}} {v}");
+                }
+            }
+        };
+        counter(
+            "kvferry_decisions_total",
+            "Migration decisions by action.",
+            &[
+                ("action=\"fetch\"", self.decisions_fetch.get()),
+                ("action=\"recompute\"", self.decisions_recompute.get()),
+                ("action=\"split\"", self.decisions_split.get()),
+                ("action=\"already_local\"", self.decisions_local.get()),
+            ],
+        );
+        counter(
+            "kvferry_fallbacks_total",
+            "Migrations whose executed action differs from the decision.",
+            &[("", self.fallbacks.get())],
+        );
+        counter(
+            "kvferry_migrations_failed_total",
+            "Migrations that ended in an error.",
+            &[("", self.migrations_failed.get())],
+        );
+        counter(
+            "kvferry_fetched_bytes_total",
+            "KV bytes fetched from peers and verified.",
+            &[("", self.bytes_fetched.get())],
+        );
+        counter(
+            "kvferry_served_requests_total",
+            "Fetch requests served to peers.",
+            &[("", self.served_requests.get())],
+        );
+        counter(
+            "kvferry_lookup_tokens_total",
+            "Tokens engines asked about in Lookup.",
+            &[("", self.lookup_tokens.get())],
+        );
+        counter(
+            "kvferry_lookup_hit_tokens_total",
+            "Tokens Lookup found ready (prefix hit rate = hit / asked).",
+            &[("", self.lookup_hit_tokens.get())],
+        );
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_goodput_gbps Goodput of the last fetch.\n# TYPE kvferry_goodput_gbps gauge\nkvferry_goodput_gbps {}",
+            self.last_goodput_gbps.get()
+        );
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_prediction_error Relative error of the last predicted vs measured migration time.\n# TYPE kvferry_prediction_error gauge\nkvferry_prediction_error {}",
+            self.last_prediction_error.get()
+        );
+        let _ =
+            writeln!(o, "# HELP kvferry_peer_rtt_ms Live RTT per peer.\n# TYPE kvferry_peer_rtt_ms gauge");
+        for (p, rtt, _, _) in links {
+            let _ = writeln!(o, "kvferry_peer_rtt_ms{{peer=\"{p}\"}} {rtt}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_peer_goodput_gbps Goodput estimate per peer.\n# TYPE kvferry_peer_goodput_gbps gauge"
+        );
+        for (p, _, g, _) in links {
+            let _ = writeln!(o, "kvferry_peer_goodput_gbps{{peer=\"{p}\"}} {g}");
+        }
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_peer_prediction_error Recent prediction error per peer.\n# TYPE kvferry_peer_prediction_error gauge"
+        );
+        for (p, _, _, e) in links {
+            let _ = writeln!(o, "kvferry_peer_prediction_error{{peer=\"{p}\"}} {e}");
+        }
+        let (used, reserved, cap) = landing;
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_landing_zone_bytes Landing zone occupancy.\n# TYPE kvferry_landing_zone_bytes gauge\nkvferry_landing_zone_bytes{{state=\"used\"}} {used}\nkvferry_landing_zone_bytes{{state=\"reserved\"}} {reserved}\nkvferry_landing_zone_bytes{{state=\"capacity\"}} {cap}"
+        );
+        o
+    }
+}

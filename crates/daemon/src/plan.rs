@@ -1,0 +1,422 @@
+//! Turning a `MigrateSession` request into a decision: validate, find the target engine and
+//! the source region's holdings, then evaluate the cost model with the live link figures and
+//! the engine's measured prefill profile. Nothing here moves a KV byte.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kvferry_layout::BlockHash;
+use kvferry_model::{
+    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, Mode, Policy, Scenario,
+};
+use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
+use kvferry_wire::WireError;
+
+use crate::Shared;
+use crate::engine_api::hashes_for;
+use crate::error::DaemonError;
+use crate::links::Figures;
+use crate::registry::EngineEntry;
+
+/// A validated request with everything the decision and the executor need.
+pub struct Prepared {
+    pub session_id: String,
+    pub tenant: String,
+    pub engine: Arc<EngineEntry>,
+    pub tokens: Vec<u32>,
+    pub hashes: Vec<BlockHash>,
+    pub block_size: u32,
+    pub deadline: Instant,
+    pub started: Instant,
+    /// Leading blocks already ready here (engine pool or landing zone).
+    pub local_blocks: usize,
+    /// The region chosen as source and how many leading blocks it holds.
+    pub source: Option<(String, u32)>,
+    /// Why the source could not be asked, when it could not.
+    pub source_note: Option<String>,
+    pub figures: Option<Figures>,
+    pub policy: Policy,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("session", &self.session_id)
+            .field("blocks", &self.hashes.len())
+            .finish()
+    }
+}
+
+/// The executable plan.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    pub action: &'static str,
+    pub reason: String,
+    pub model: Option<ModelDecision>,
+    /// Blocks `[local, fetch_end)` to fetch, tokens `[0, recompute_tokens)` to recompute.
+    pub fetch_from: usize,
+    pub fetch_end: usize,
+    pub recompute_tokens: usize,
+    pub predicted_s: f64,
+}
+
+/// Parses `grpc-timeout` (`<digits><unit>`, unit one of H M S m u n).
+pub fn grpc_timeout(v: &str) -> Option<Duration> {
+    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
+    let p = r.policy.unwrap_or_default();
+    Policy {
+        mode: match PolicyMode::try_from(p.mode).unwrap_or(PolicyMode::Auto) {
+            PolicyMode::Auto => Mode::Auto,
+            PolicyMode::Fetch => Mode::Fetch,
+            PolicyMode::Recompute => Mode::Recompute,
+        },
+        allow_split: p.allow_split,
+        max_wire_bytes: (p.max_egress_bytes > 0).then_some(p.max_egress_bytes as f64),
+        split_overhead_s: shared.config.policy.split_overhead_ms / 1000.0,
+        split_min_gain: shared.config.policy.split_min_gain,
+        split_granularity: u64::from(block_size.max(1)),
+    }
+}
+
+/// Validates a request and gathers the inputs of the decision (asks the source region what
+/// it holds). `transport_timeout` is the caller's grpc-timeout, if any.
+pub async fn prepare(
+    shared: &Arc<Shared>,
+    r: &MigrateSessionRequest,
+    transport_timeout: Option<Duration>,
+) -> Result<Prepared, DaemonError> {
+    let started = Instant::now();
+    if r.session_id.is_empty() {
+        return Err(DaemonError::Invalid("session_id is required".into()));
+    }
+    if r.tenant.is_empty() || r.tenant.len() > 256 {
+        return Err(DaemonError::Invalid("tenant must be 1 to 256 bytes".into()));
+    }
+    let max = shared.config.limits.max_tokens;
+    if r.token_ids.is_empty() && r.block_hashes.is_empty() {
+        return Err(DaemonError::Invalid("token_ids (or block_hashes) must not be empty".into()));
+    }
+    if r.token_ids.len() as u64 > max || r.block_hashes.len() as u64 * 16 > max {
+        return Err(DaemonError::Exhausted(format!("the prefix exceeds limits.max_tokens = {max}")));
+    }
+    let budget = match (r.deadline_ms, transport_timeout) {
+        (0, None) => Duration::from_millis(shared.config.limits.default_deadline_ms),
+        (0, Some(t)) => t,
+        (ms, None) => Duration::from_millis(ms),
+        (ms, Some(t)) => Duration::from_millis(ms).min(t),
+    };
+    if budget < Duration::from_millis(1) {
+        return Err(DaemonError::Deadline("the request's deadline has already expired".into()));
+    }
+    let deadline = started + budget;
+    let digest: Option<[u8; 32]> = match r.layout_fingerprint.len() {
+        0 => None,
+        32 => r.layout_fingerprint.as_slice().try_into().ok(),
+        n => return Err(DaemonError::Invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
+    };
+    let engine = shared.registry.target(&r.target_engine, &r.model_id, None).ok_or_else(|| {
+        DaemonError::NotFound(format!("no engine for model {:?} in this region", r.model_id))
+    })?;
+    if let Some(d) = digest
+        && d != engine.digest
+    {
+        return Err(DaemonError::Precondition(format!(
+            "layout fingerprint mismatch: the request's differs from engine {}'s ({})",
+            engine.engine_id,
+            engine.fingerprint.digest()
+        )));
+    }
+    let block_size = engine.layout.spec().block_size;
+    let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
+        r.block_hashes
+            .iter()
+            .map(|b| {
+                <[u8; 32]>::try_from(b.as_slice())
+                    .map_err(|_| DaemonError::Invalid(format!("a block hash is {} bytes, not 32", b.len())))
+            })
+            .collect::<Result<_, _>>()?
+    } else {
+        hashes_for(&r.tenant, &r.token_ids, block_size)
+    };
+    if hashes.is_empty() {
+        return Err(DaemonError::Invalid(format!("the prefix holds no full block of {block_size} tokens")));
+    }
+    let local_blocks = hashes
+        .iter()
+        .take_while(|h| {
+            engine.block_of(&r.tenant, h).is_some()
+                || shared.landing.get(&r.tenant, h).is_some_and(|l| l.fingerprint == engine.digest)
+        })
+        .count();
+    let policy = policy_of(shared, r, block_size);
+
+    let mut p = Prepared {
+        session_id: r.session_id.clone(),
+        tenant: r.tenant.clone(),
+        engine,
+        tokens: r.token_ids.clone(),
+        hashes,
+        block_size,
+        deadline,
+        started,
+        local_blocks,
+        source: None,
+        source_note: None,
+        figures: None,
+        policy,
+    };
+    if local_blocks == p.hashes.len() {
+        return Ok(p);
+    }
+    let regions: Vec<String> = if r.source_region.is_empty() {
+        shared.links.regions()
+    } else if shared.links.peer(&r.source_region).is_some() {
+        vec![r.source_region.clone()]
+    } else {
+        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+    };
+    // Ask the candidates concurrently; bound the wait so a dead region still leaves time to act.
+    let ask_until =
+        Instant::now() + (deadline.saturating_duration_since(Instant::now()) / 3).min(Duration::from_secs(3));
+    let mut asks = Vec::new();
+    for region in regions {
+        let shared = shared.clone();
+        let (tenant, digest, hashes) = (p.tenant.clone(), p.engine.digest, p.hashes.clone());
+        asks.push(tokio::spawn(async move {
+            let peer = shared.links.peer(&region).cloned();
+            let Some(peer) = peer else { return (region, Err(WireError::Local("unknown peer".into()))) };
+            let id = match kvferry_peer::RegionId::new(&shared.config.trust_domain, &region) {
+                Ok(id) => id,
+                Err(e) => return (region, Err(WireError::Local(e.to_string()))),
+            };
+            let res = shared.node.query(&id, peer.addr, &tenant, digest, hashes, ask_until).await;
+            if let Ok(h) = &res {
+                shared.links.record_rtt(&region, h.rtt.as_secs_f64());
+            }
+            (region, res)
+        }));
+    }
+    let mut best: Option<(String, u32)> = None;
+    let mut notes = Vec::new();
+    for a in asks {
+        let Ok((region, res)) = a.await else { continue };
+        match res {
+            Ok(h) => {
+                if best.as_ref().is_none_or(|(_, n)| h.blocks_held > *n) {
+                    best = Some((region, h.blocks_held));
+                }
+            }
+            Err(WireError::Refused { code, detail }) => {
+                notes.push(format!("{region} refused: {code:?}: {detail}"))
+            }
+            Err(e) => notes.push(format!("{region} unreachable: {e}")),
+        }
+    }
+    if let Some((region, _)) = &best {
+        p.figures = shared.links.figures(region);
+    }
+    p.source = best;
+    if !notes.is_empty() {
+        p.source_note = Some(notes.join("; "));
+    }
+    Ok(p)
+}
+
+/// The KV footprint of an engine's layout.
+pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
+    let s = e.layout.spec();
+    let bytes_per_token = e
+        .layout
+        .bytes_per_block(0..e.layout.num_layers())
+        .map_err(|x| DaemonError::Internal(x.to_string()))? as f64
+        / f64::from(s.block_size);
+    let elements = 2.0 * f64::from(s.layers) * f64::from(s.kv_heads) * f64::from(s.head_dim);
+    KvFootprint::new(
+        KvShape::Gqa { layers: s.layers, kv_heads: s.kv_heads, head_dim: s.head_dim },
+        bytes_per_token / elements,
+    )
+    .map_err(|x| DaemonError::Internal(x.to_string()))
+}
+
+/// Decides.
+pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
+    let bs = p.block_size as usize;
+    let total_tokens = p.hashes.len() * bs;
+    let can_recompute = p.tokens.len() >= total_tokens;
+    let local = p.local_blocks;
+    let held = p.source.as_ref().map_or(0, |(_, n)| *n as usize);
+    if local == p.hashes.len() || (local > 0 && held <= local) {
+        return Ok(Planned {
+            action: "already_local",
+            reason: format!("{local} of {} blocks are already ready in this region", p.hashes.len()),
+            model: None,
+            fetch_from: local,
+            fetch_end: local,
+            recompute_tokens: 0,
+            predicted_s: 0.0,
+        });
+    }
+    let recompute_all = |reason: String| -> Result<Planned, DaemonError> {
+        if !can_recompute {
+            return Err(DaemonError::Precondition(format!(
+                "{reason}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed"
+            )));
+        }
+        Ok(Planned {
+            action: "recompute",
+            reason,
+            model: None,
+            fetch_from: 0,
+            fetch_end: 0,
+            recompute_tokens: total_tokens,
+            predicted_s: 0.0,
+        })
+    };
+    if held <= local {
+        let why = match &p.source_note {
+            Some(n) => format!("no peer holds this prefix ({n})"),
+            None => "no peer holds this prefix".to_owned(),
+        };
+        return recompute_all(why);
+    }
+    let fig = p.figures.ok_or_else(|| DaemonError::Internal("source without link figures".into()))?;
+    let prof = *p.engine.profile.lock().map_err(|_| DaemonError::Internal("profile lock".into()))?;
+    let compute = ComputeModel::from_measured(prof.linear_s_per_token, prof.attention_s_per_pair)
+        .map_err(|e| DaemonError::Internal(format!("engine profile: {e}")))?;
+    let link = LinkModel::new(fig.goodput_bps / 1e9, fig.rtt_s, 1.0)
+        .map_err(|e| DaemonError::Internal(e.to_string()))?;
+    let fetch_tokens = (held - local) * bs;
+    let scenario = Scenario {
+        kv: footprint(&p.engine)?,
+        compute,
+        link,
+        prefix_tokens: fetch_tokens as u64,
+        queues: None,
+    };
+    let mut policy = p.policy;
+    if local > 0 || !can_recompute {
+        // A split recomputes from token 0; with a local prefix (or no tokens) it is not offered.
+        policy.allow_split = false;
+    }
+    if !can_recompute {
+        policy.mode = Mode::Fetch;
+    }
+    let d = kvferry_model::decide(&scenario, &policy).map_err(|e| DaemonError::Internal(e.to_string()))?;
+    let remaining = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+    let mut planned = match d.action {
+        kvferry_model::Action::Fetch => Planned {
+            action: "fetch",
+            reason: d.reason.to_string(),
+            model: Some(d),
+            fetch_from: local,
+            fetch_end: held,
+            recompute_tokens: 0,
+            predicted_s: d.fetch.seconds,
+        },
+        kvferry_model::Action::Recompute => Planned {
+            action: "recompute",
+            reason: d.reason.to_string(),
+            model: Some(d),
+            fetch_from: 0,
+            fetch_end: 0,
+            recompute_tokens: total_tokens,
+            predicted_s: d.recompute.seconds,
+        },
+        kvferry_model::Action::Split => {
+            let k = d.split.point.recompute_tokens as usize;
+            Planned {
+                action: "split",
+                reason: d.reason.to_string(),
+                model: Some(d),
+                fetch_from: k / bs,
+                fetch_end: held,
+                recompute_tokens: k,
+                predicted_s: d.split.point.seconds,
+            }
+        }
+    };
+    if planned.action != "recompute" && planned.predicted_s > remaining && can_recompute {
+        planned.reason = format!(
+            "{}; but the predicted {:.3} s exceeds the {:.3} s left before the deadline, so recompute",
+            planned.reason, planned.predicted_s, remaining
+        );
+        planned.action = "recompute";
+        planned.fetch_end = 0;
+        planned.fetch_from = 0;
+        planned.recompute_tokens = total_tokens;
+        planned.predicted_s = d.recompute.seconds;
+    }
+    Ok(planned)
+}
+
+/// The wire form of a decision.
+pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
+    let fig = p.figures;
+    let mut out = Decision {
+        action: planned.action.to_owned(),
+        reason: planned.reason.clone(),
+        source_region: p.source.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
+        source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
+        local_tokens: (p.local_blocks * p.block_size as usize) as u64,
+        split_recompute_tokens: if planned.action == "split" { planned.recompute_tokens as u64 } else { 0 },
+        link: fig.map(|f| link_state(p.source.as_ref().map(|(r, _)| r.as_str()).unwrap_or(""), &f, true)),
+        ..Default::default()
+    };
+    if let Some(d) = &planned.model {
+        out.crossover_tokens = d.crossover_tokens;
+        out.recompute_s_per_token = d.recompute_seconds_per_token;
+        out.bytes_per_token = d.bytes_per_token;
+        out.candidates = vec![
+            Candidate {
+                action: "fetch".into(),
+                seconds: d.fetch.seconds,
+                gpu_seconds: d.fetch.gpu_seconds,
+                wire_bytes: d.fetch.wire_bytes,
+                feasible: d.fetch.feasible,
+            },
+            Candidate {
+                action: "recompute".into(),
+                seconds: d.recompute.seconds,
+                gpu_seconds: d.recompute.gpu_seconds,
+                wire_bytes: 0.0,
+                feasible: true,
+            },
+            Candidate {
+                action: "split".into(),
+                seconds: d.split.point.seconds,
+                gpu_seconds: d.split.gpu_seconds,
+                wire_bytes: d.split.wire_bytes,
+                feasible: d.split.point.is_real_split(),
+            },
+        ];
+    }
+    out
+}
+
+/// The wire form of a link's figures.
+pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
+    LinkState {
+        region: region.to_owned(),
+        rtt_ms: f.rtt_s * 1e3,
+        goodput_gbps: f.goodput_bps / 1e9,
+        age_s: if f.age_s.is_finite() { f.age_s } else { -1.0 },
+        confidence: f.confidence,
+        fetch_utilization: f64::from(f.active.min(1)),
+        prediction_error: f.prediction_error,
+        connected,
+        samples: f.samples.min(u64::from(u32::MAX)) as u32,
+    }
+}

@@ -1,0 +1,251 @@
+//! Configuration of the engine process: [`NodeConfig`] (what [`crate::EngineNode::start`]
+//! takes) and [`EngineArgs`] (the clap flags of `kvferry engine`, converted with
+//! [`EngineArgs::into_config`]). Validation only; nothing here starts anything.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use kvferry_engine::{BLOCK_SIZE, KvDtype, ModelConfig, ProfileOptions};
+
+use crate::error::NodeError;
+
+/// Everything the engine process needs.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// The daemon's run directory (`pool.sock`, `engine.sock`).
+    pub run_dir: PathBuf,
+    /// This engine's id (unique per daemon).
+    pub engine_id: String,
+    /// Model id sent to the daemon (part of the layout fingerprint). `None`: derived from the
+    /// model fingerprint ([`NodeConfig::model_id`]), so engines with equal configs and seeds
+    /// agree and others never exchange blocks.
+    pub model_id: Option<String>,
+    /// The model (shape, seed, KV dtype).
+    pub model: ModelConfig,
+    /// Blocks in the shared pool (16 tokens each).
+    pub num_blocks: u32,
+    /// Where to serve `kvferry.v1.ReferenceEngine`.
+    pub control: PathBuf,
+    /// How the prefill profile is calibrated at start (contexts that do not fit the pool are
+    /// dropped).
+    pub profile: ProfileOptions,
+    /// Period of `LoadReport` events.
+    pub load_report_interval: Duration,
+    /// Deadline of each daemon RPC (Lookup, Load, Release) and of registration.
+    pub rpc_timeout: Duration,
+}
+
+/// The default model: 4 layers, hidden 256, 8 heads, 2 KV heads, head dim 32, FFN 512,
+/// vocabulary 1024, RoPE base 10 000, f32 KV.
+pub fn default_model(seed: u64) -> ModelConfig {
+    ModelConfig {
+        layers: 4,
+        hidden: 256,
+        heads: 8,
+        kv_heads: 2,
+        head_dim: 32,
+        ffn: 512,
+        vocab: 1024,
+        rope_theta: 10_000.0,
+        seed,
+        kv_dtype: KvDtype::F32,
+    }
+}
+
+impl NodeConfig {
+    /// A config with the default model (seed 0), 1024 blocks, default profile options, a
+    /// load report every second and 30 s RPC deadlines.
+    pub fn new(
+        run_dir: impl Into<PathBuf>,
+        engine_id: impl Into<String>,
+        control: impl Into<PathBuf>,
+    ) -> Self {
+        NodeConfig {
+            run_dir: run_dir.into(),
+            engine_id: engine_id.into(),
+            model_id: None,
+            model: default_model(0),
+            num_blocks: 1024,
+            control: control.into(),
+            profile: ProfileOptions::default(),
+            load_report_interval: Duration::from_secs(1),
+            rpc_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// The model id registered with the daemon.
+    pub fn model_id(&self) -> String {
+        match &self.model_id {
+            Some(m) => m.clone(),
+            None => {
+                let fp = self.model.model_fingerprint();
+                format!("kvferry-ref-{}", kvferry_layout::hex(&fp[..8]))
+            }
+        }
+    }
+
+    /// Profile options trimmed to what a pool of `num_blocks` can hold.
+    pub fn fitted_profile(&self) -> ProfileOptions {
+        let cap = self.num_blocks as usize * BLOCK_SIZE;
+        let mut p = self.profile.clone();
+        p.chunk = p.chunk.min(cap).max(1);
+        p.contexts.retain(|&c| c + p.chunk <= cap);
+        if p.contexts.is_empty() {
+            p.contexts.push(0);
+        }
+        p
+    }
+
+    /// Checks everything that does not need the daemon.
+    pub fn validate(&self) -> Result<(), NodeError> {
+        self.model.validate().map_err(|e| NodeError::Config(e.to_string()))?;
+        if self.num_blocks == 0 {
+            return Err(NodeError::Config("--num-blocks must be positive".into()));
+        }
+        if self.engine_id.is_empty() {
+            return Err(NodeError::Config("--engine-id must not be empty".into()));
+        }
+        if self.model.vocab > u32::MAX as usize {
+            return Err(NodeError::Config("--vocab must fit u32 token ids".into()));
+        }
+        if self.load_report_interval.is_zero() || self.rpc_timeout.is_zero() {
+            return Err(NodeError::Config("intervals must be positive".into()));
+        }
+        if self.profile.repeats == 0 || self.profile.chunk == 0 {
+            return Err(NodeError::Config("profile needs repeats > 0 and chunk > 0".into()));
+        }
+        Ok(())
+    }
+}
+
+/// KV dtype flag values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvDtypeArg {
+    /// 4-byte IEEE floats.
+    F32,
+    /// bfloat16 (round to nearest even).
+    Bf16,
+}
+
+impl From<KvDtypeArg> for KvDtype {
+    fn from(d: KvDtypeArg) -> Self {
+        match d {
+            KvDtypeArg::F32 => KvDtype::F32,
+            KvDtypeArg::Bf16 => KvDtype::Bf16,
+        }
+    }
+}
+
+/// `kvferry engine`: run the reference engine next to a region's daemon.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineArgs {
+    /// The daemon's run directory (holds pool.sock and engine.sock).
+    #[arg(long)]
+    pub run_dir: PathBuf,
+    /// This engine's id.
+    #[arg(long, default_value = "engine-0")]
+    pub engine_id: String,
+    /// Unix socket to serve the ReferenceEngine control API on [default: RUN_DIR/ENGINE_ID.sock].
+    #[arg(long)]
+    pub control: Option<PathBuf>,
+    /// Model id to register [default: derived from the model fingerprint].
+    #[arg(long)]
+    pub model_id: Option<String>,
+    /// Transformer layers.
+    #[arg(long, default_value_t = 4)]
+    pub layers: usize,
+    /// Residual width.
+    #[arg(long, default_value_t = 256)]
+    pub hidden: usize,
+    /// Query heads.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// KV heads (GQA; divides --heads).
+    #[arg(long, default_value_t = 2)]
+    pub kv_heads: usize,
+    /// Head dimension (even).
+    #[arg(long, default_value_t = 32)]
+    pub head_dim: usize,
+    /// SwiGLU width.
+    #[arg(long, default_value_t = 512)]
+    pub ffn: usize,
+    /// Vocabulary size.
+    #[arg(long, default_value_t = 1024)]
+    pub vocab: usize,
+    /// Weight seed (engines exchange blocks only with equal seeds).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Blocks in the KV pool (16 tokens each).
+    #[arg(long, default_value_t = 1024)]
+    pub num_blocks: u32,
+    /// KV cache element type.
+    #[arg(long, value_enum, default_value_t = KvDtypeArg::F32)]
+    pub kv_dtype: KvDtypeArg,
+    /// Seconds between load reports to the daemon.
+    #[arg(long, default_value_t = 1.0)]
+    pub load_report_s: f64,
+}
+
+impl EngineArgs {
+    /// The node configuration these flags describe (validated).
+    pub fn into_config(self) -> Result<NodeConfig, NodeError> {
+        if !(self.load_report_s.is_finite() && self.load_report_s > 0.0) {
+            return Err(NodeError::Config("--load-report-s must be a positive number".into()));
+        }
+        let control = self.control.unwrap_or_else(|| self.run_dir.join(format!("{}.sock", self.engine_id)));
+        let mut cfg = NodeConfig::new(self.run_dir, self.engine_id, control);
+        cfg.model_id = self.model_id;
+        cfg.model = ModelConfig {
+            layers: self.layers,
+            hidden: self.hidden,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            ffn: self.ffn,
+            vocab: self.vocab,
+            rope_theta: 10_000.0,
+            seed: self.seed,
+            kv_dtype: self.kv_dtype.into(),
+        };
+        cfg.num_blocks = self.num_blocks;
+        cfg.load_report_interval = Duration::from_secs_f64(self.load_report_s);
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    #[test]
+    fn flags_build_a_validated_config() {
+        let cli =
+            Cli::try_parse_from(["x", "--run-dir", "/tmp/r", "--kv-dtype", "bf16", "--seed", "5"]).unwrap();
+        let cfg = cli.engine.into_config().unwrap();
+        assert_eq!(cfg.model, ModelConfig { seed: 5, kv_dtype: KvDtype::Bf16, ..default_model(0) });
+        assert_eq!(cfg.control, PathBuf::from("/tmp/r/engine-0.sock"));
+        assert!(cfg.model_id().starts_with("kvferry-ref-"));
+        let bad = Cli::try_parse_from(["x", "--run-dir", "/r", "--kv-heads", "3"]).unwrap();
+        assert!(matches!(bad.engine.into_config(), Err(NodeError::Config(_))));
+        let zero = Cli::try_parse_from(["x", "--run-dir", "/r", "--num-blocks", "0"]).unwrap();
+        assert!(matches!(zero.engine.into_config(), Err(NodeError::Config(_))));
+    }
+
+    #[test]
+    fn profile_is_trimmed_to_the_pool() {
+        let mut cfg = NodeConfig::new("/r", "e", "/r/e.sock");
+        cfg.num_blocks = 40; // 640 tokens
+        assert_eq!(cfg.fitted_profile().contexts, vec![0, 256, 512]);
+        cfg.num_blocks = 2;
+        let p = cfg.fitted_profile();
+        assert_eq!((p.contexts, p.chunk), (vec![0], 32));
+    }
+}

@@ -1,0 +1,174 @@
+//! The engine's side of the daemon's Engine API: connecting a tonic channel over a Unix
+//! socket ([`connect_uds`]), handing the pool's memfd over `pool.sock` and reading back the
+//! pool token ([`share_pool`]), `RegisterPool`, and the `Attach` stream (an [`EventSink`]
+//! for engine → daemon events; the daemon → engine commands are read by the node).
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use kvferry_engine::PrefillProfile as CoreProfile;
+use kvferry_engine_sdk::ShmPool;
+use kvferry_layout::BlockHash;
+use kvferry_proto::v1::engine_client::EngineClient;
+use kvferry_proto::v1::engine_event::Event;
+use kvferry_proto::v1::{
+    BlockRemoved, BlockStored, EngineEvent, LoadReport, PrefillProfile, RecomputeDone, RegisterPoolRequest,
+    RegisterPoolResponse, ShmAccess, register_pool_request,
+};
+use tokio::sync::mpsc;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tower::service_fn;
+
+use crate::error::NodeError;
+
+/// `<run_dir>/pool.sock`: the daemon's fd-passing socket.
+pub fn pool_socket(run_dir: &Path) -> PathBuf {
+    run_dir.join("pool.sock")
+}
+
+/// `<run_dir>/engine.sock`: the daemon's gRPC Engine API.
+pub fn engine_socket(run_dir: &Path) -> PathBuf {
+    run_dir.join("engine.sock")
+}
+
+/// A tonic channel to a gRPC server on the Unix socket `path` (connects now).
+pub async fn connect_uds(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    let path = path.to_owned();
+    // The URI is ignored by the connector; tonic needs a syntactically valid one.
+    Endpoint::try_from("http://[::]:50051")?
+        .connect_with_connector(service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// Shares `pool` with the daemon over `<run_dir>/pool.sock` (blocking): sends the memfd and
+/// the offer, then reads one line, the pool token. Returns the token and the stream, which
+/// must stay open while the daemon may use the pool.
+pub fn share_pool(
+    run_dir: &Path,
+    pool: &ShmPool,
+    model_id: &str,
+    timeout: Duration,
+) -> Result<(String, StdUnixStream), NodeError> {
+    let path = pool_socket(run_dir);
+    let err = |detail: String| NodeError::Register { run_dir: run_dir.display().to_string(), detail };
+    let stream =
+        StdUnixStream::connect(&path).map_err(|e| err(format!("connect {}: {e}", path.display())))?;
+    pool.share(&stream, model_id).map_err(|e| err(format!("share the pool: {e}")))?;
+    stream.set_read_timeout(Some(timeout)).map_err(|e| err(format!("set timeout: {e}")))?;
+    let mut line = String::new();
+    BufReader::new(&stream)
+        .read_line(&mut line)
+        .map_err(|e| err(format!("read the pool token from {}: {e}", path.display())))?;
+    stream.set_read_timeout(None).map_err(|e| err(format!("clear timeout: {e}")))?;
+    let token = line.trim_end_matches(['\n', '\r']).to_owned();
+    if !line.ends_with('\n') {
+        return Err(err(format!("{} closed before sending a pool token", path.display())));
+    }
+    if let Some(msg) = token.strip_prefix("error:") {
+        return Err(err(format!("the daemon refused the pool: {}", msg.trim())));
+    }
+    if token.is_empty() {
+        return Err(err("empty pool token".into()));
+    }
+    Ok((token, stream))
+}
+
+/// The API's profile message for the core's profile.
+pub fn profile_msg(p: Option<&CoreProfile>) -> Option<PrefillProfile> {
+    p.map(|p| PrefillProfile {
+        linear_s_per_token: p.a_linear_s_per_token,
+        attention_s_per_pair: p.b_attention_s_per_pair,
+        samples: u32::try_from(p.points.len() as u64 + p.observations).unwrap_or(u32::MAX),
+    })
+}
+
+/// What registration needs besides the client.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Engine id.
+    pub engine_id: String,
+    /// Model id.
+    pub model_id: String,
+    /// Pool layout.
+    pub layout: kvferry_proto::v1::PoolLayoutSpec,
+    /// Token from `pool.sock`.
+    pub pool_token: String,
+    /// Measured profile.
+    pub profile: Option<PrefillProfile>,
+}
+
+/// `Engine.RegisterPool` with shm access.
+pub async fn register(
+    client: &mut EngineClient<Channel>,
+    reg: &Registration,
+) -> Result<RegisterPoolResponse, tonic::Status> {
+    let req = RegisterPoolRequest {
+        engine_id: reg.engine_id.clone(),
+        model_id: reg.model_id.clone(),
+        layout: Some(reg.layout.clone()),
+        access: Some(register_pool_request::Access::Shm(ShmAccess { pool_token: reg.pool_token.clone() })),
+        profile: reg.profile,
+    };
+    Ok(client.register_pool(req).await?.into_inner())
+}
+
+/// Engine → daemon events on the Attach stream; every event names the lease. Sending never
+/// blocks (the stream is unbounded); after the stream is gone events are dropped.
+#[derive(Debug, Clone)]
+pub struct EventSink {
+    lease_id: String,
+    tx: mpsc::UnboundedSender<EngineEvent>,
+}
+
+impl EventSink {
+    /// A sink for `lease_id` and the receiving end to pass to `Engine.Attach`.
+    pub fn new(lease_id: String) -> (Self, mpsc::UnboundedReceiver<EngineEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (EventSink { lease_id, tx }, rx)
+    }
+
+    /// The lease.
+    pub fn lease_id(&self) -> &str {
+        &self.lease_id
+    }
+
+    fn send(&self, event: Event) {
+        let _ = self.tx.send(EngineEvent { lease_id: self.lease_id.clone(), event: Some(event) });
+    }
+
+    /// Full blocks now held in the engine's pool.
+    pub fn stored(&self, tenant: &str, blocks: &[(BlockHash, u32)]) {
+        if blocks.is_empty() {
+            return;
+        }
+        self.send(Event::Stored(BlockStored {
+            tenant: tenant.to_owned(),
+            block_hashes: blocks.iter().map(|(h, _)| h.to_vec()).collect(),
+            block_ids: blocks.iter().map(|&(_, b)| b).collect(),
+        }));
+    }
+
+    /// Blocks evicted from the engine's pool.
+    pub fn removed(&self, hashes: &[BlockHash]) {
+        if hashes.is_empty() {
+            return;
+        }
+        self.send(Event::Removed(BlockRemoved { block_hashes: hashes.iter().map(|h| h.to_vec()).collect() }));
+    }
+
+    /// A load report.
+    pub fn load(&self, queue_depth: u32, utilization: f64, profile: Option<PrefillProfile>) {
+        self.send(Event::Load(LoadReport { queue_depth, utilization, profile }));
+    }
+
+    /// The answer to a Recompute command.
+    pub fn recompute_done(&self, session_id: String, tokens: u64, seconds: f64, error: String) {
+        self.send(Event::RecomputeDone(RecomputeDone { session_id, tokens, seconds, error }));
+    }
+}

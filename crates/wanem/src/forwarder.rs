@@ -1,0 +1,232 @@
+//! One direction's forwarding thread: read IP packets from the ingress TUN, run them through
+//! the [`Shaper`], hold them in a delay line and write them to the egress TUN when due.
+//!
+//! The thread never allocates per packet in steady state: packet buffers come from a free
+//! list and go back to it after the write. It sleeps in `ppoll` (1 ns timer slack) until the
+//! next delivery or the next arriving packet, wakes `WAKE_EARLY` (100 µs) ahead of a delivery
+//! and yields until it is due.
+
+use std::cmp::{Ordering as CmpOrdering, Reverse};
+use std::collections::{BinaryHeap, VecDeque};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::shaper::{Shaper, Verdict};
+use crate::sys::{self, ReadOutcome};
+
+/// Sleeps in `ppoll` end this much before the next delivery is due; the rest is spent
+/// yielding, because a timed wake-up on a busy (virtual) machine is often ~100 µs late.
+const WAKE_EARLY: Duration = Duration::from_micros(100);
+/// Longest sleep, so that a stop request is seen promptly.
+const MAX_IDLE: Duration = Duration::from_millis(20);
+/// Packets read in a row before due deliveries are checked again.
+const READ_BATCH: usize = 64;
+/// Hard cap on bytes held per direction (queue plus delay line), against runaway memory with
+/// an unlimited rate and a long delay. Packets beyond it count as queue drops.
+const MAX_HELD_BYTES: usize = 512 << 20;
+
+/// Counters of one direction, updated by its forwarding thread.
+#[derive(Debug, Default)]
+pub(crate) struct DirCounters {
+    rx_packets: AtomicU64,
+    rx_bytes: AtomicU64,
+    tx_packets: AtomicU64,
+    tx_bytes: AtomicU64,
+    lost: AtomicU64,
+    queue_drops: AtomicU64,
+    reordered: AtomicU64,
+    io_errors: AtomicU64,
+}
+
+/// A snapshot of one direction's counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DirectionStats {
+    /// Packets read from the ingress TUN.
+    pub rx_packets: u64,
+    /// Bytes (IP) read from the ingress TUN.
+    pub rx_bytes: u64,
+    /// Packets written to the egress TUN (forwarded).
+    pub tx_packets: u64,
+    /// Bytes (IP) written to the egress TUN.
+    pub tx_bytes: u64,
+    /// Packets dropped by random loss.
+    pub lost: u64,
+    /// Packets dropped because the bottleneck queue was full.
+    pub queue_drops: u64,
+    /// Packets held back for reordering.
+    pub reordered: u64,
+    /// Failed TUN reads or writes (should stay 0).
+    pub io_errors: u64,
+}
+
+impl DirectionStats {
+    /// Packets still inside the emulator (queued or in the delay line).
+    pub fn in_flight(&self) -> u64 {
+        self.rx_packets.saturating_sub(self.tx_packets + self.lost + self.queue_drops)
+    }
+}
+
+impl DirCounters {
+    pub(crate) fn snapshot(&self) -> DirectionStats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DirectionStats {
+            rx_packets: g(&self.rx_packets),
+            rx_bytes: g(&self.rx_bytes),
+            tx_packets: g(&self.tx_packets),
+            tx_bytes: g(&self.tx_bytes),
+            lost: g(&self.lost),
+            queue_drops: g(&self.queue_drops),
+            reordered: g(&self.reordered),
+            io_errors: g(&self.io_errors),
+        }
+    }
+}
+
+fn bump(a: &AtomicU64, by: u64) {
+    a.fetch_add(by, Ordering::Relaxed);
+}
+
+struct Pkt {
+    at: Instant,
+    len: usize,
+    buf: Box<[u8]>,
+}
+
+/// A held-back packet, ordered for a min-heap on (time, arrival sequence).
+struct Held(Reverse<(Instant, u64)>, Pkt);
+
+impl PartialEq for Held {
+    fn eq(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+}
+impl Eq for Held {}
+impl PartialOrd for Held {
+    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Held {
+    fn cmp(&self, other: &Self) -> CmpOrdering {
+        self.0.cmp(&other.0)
+    }
+}
+
+/// Everything one direction's thread owns.
+pub(crate) struct Forwarder {
+    pub(crate) ingress: Arc<OwnedFd>,
+    pub(crate) egress: Arc<OwnedFd>,
+    pub(crate) shaper: Shaper,
+    pub(crate) counters: Arc<DirCounters>,
+    pub(crate) stop: Arc<AtomicBool>,
+    pub(crate) buf_size: usize,
+}
+
+impl Forwarder {
+    /// The thread body: forwards until `stop` is set.
+    pub(crate) fn run(mut self) {
+        sys::precise_timers();
+        let mut line: VecDeque<Pkt> = VecDeque::with_capacity(1024);
+        let mut held: BinaryHeap<Held> = BinaryHeap::new();
+        let mut pool: Vec<Box<[u8]>> = Vec::with_capacity(1024);
+        let mut held_bytes = 0usize;
+        let mut seq = 0u64;
+        let mut scratch = vec![0u8; self.buf_size].into_boxed_slice();
+        let c = Arc::clone(&self.counters);
+        while !self.stop.load(Ordering::Relaxed) {
+            // 1. Deliver what is due.
+            let now = Instant::now();
+            while let Some((due, from_line)) = next_due(&line, &held) {
+                if due > now {
+                    break;
+                }
+                let pkt = if from_line { line.pop_front() } else { held.pop().map(|h| h.1) };
+                let Some(pkt) = pkt else { break };
+                match sys::write_packet(self.egress.as_fd(), &pkt.buf[..pkt.len]) {
+                    Ok(()) => {
+                        bump(&c.tx_packets, 1);
+                        bump(&c.tx_bytes, pkt.len as u64);
+                    }
+                    Err(_) => bump(&c.io_errors, 1),
+                }
+                held_bytes -= pkt.len;
+                pool.push(pkt.buf);
+            }
+            // 2. Take in what has arrived.
+            let mut got = 0;
+            while got < READ_BATCH {
+                match sys::read_packet(self.ingress.as_fd(), &mut scratch) {
+                    Ok(ReadOutcome::Packet(0)) | Ok(ReadOutcome::WouldBlock) => break,
+                    Ok(ReadOutcome::Packet(len)) => {
+                        got += 1;
+                        bump(&c.rx_packets, 1);
+                        bump(&c.rx_bytes, len as u64);
+                        let arrived = Instant::now();
+                        let verdict = if held_bytes + len > MAX_HELD_BYTES {
+                            Verdict::QueueFull
+                        } else {
+                            self.shaper.on_packet(arrived, len)
+                        };
+                        let at = match verdict {
+                            Verdict::Lost => {
+                                bump(&c.lost, 1);
+                                continue;
+                            }
+                            Verdict::QueueFull => {
+                                bump(&c.queue_drops, 1);
+                                continue;
+                            }
+                            Verdict::Deliver(at) | Verdict::DeliverReordered(at) => at,
+                        };
+                        let fresh = pool.pop().unwrap_or_else(|| vec![0u8; self.buf_size].into_boxed_slice());
+                        let buf = std::mem::replace(&mut scratch, fresh);
+                        held_bytes += len;
+                        let pkt = Pkt { at, len, buf };
+                        if let Verdict::DeliverReordered(_) = verdict {
+                            bump(&c.reordered, 1);
+                            seq += 1;
+                            held.push(Held(Reverse((at, seq)), pkt));
+                        } else {
+                            line.push_back(pkt);
+                        }
+                    }
+                    Err(_) => {
+                        bump(&c.io_errors, 1);
+                        std::thread::sleep(Duration::from_millis(1));
+                        break;
+                    }
+                }
+            }
+            if got == READ_BATCH {
+                continue;
+            }
+            // 3. Sleep until the next delivery or the next packet.
+            let next = next_due(&line, &held).map(|(t, _)| t);
+            let now = Instant::now();
+            let wait = next.map_or(MAX_IDLE, |t| t.saturating_duration_since(now)).min(MAX_IDLE);
+            if wait.is_zero() {
+                continue;
+            }
+            if next.is_some() && wait <= WAKE_EARLY {
+                std::thread::yield_now();
+            } else if next.is_some() {
+                sys::wait_readable(self.ingress.as_fd(), wait - WAKE_EARLY);
+            } else {
+                sys::wait_readable(self.ingress.as_fd(), wait);
+            }
+        }
+    }
+}
+
+/// The earliest due time across the in-order line and the held-back heap, and whether it is
+/// the line's.
+fn next_due(line: &VecDeque<Pkt>, held: &BinaryHeap<Held>) -> Option<(Instant, bool)> {
+    match (line.front().map(|p| p.at), held.peek().map(|h| h.0.0.0)) {
+        (Some(a), Some(b)) => Some(if a <= b { (a, true) } else { (b, false) }),
+        (Some(a), None) => Some((a, true)),
+        (None, Some(b)) => Some((b, false)),
+        (None, None) => None,
+    }
+}
