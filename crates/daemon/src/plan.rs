@@ -139,6 +139,9 @@ pub async fn prepare(
             engine.fingerprint.digest()
         )));
     }
+    if !r.source_region.is_empty() && shared.links.peer(&r.source_region).is_none() {
+        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+    }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
         r.block_hashes

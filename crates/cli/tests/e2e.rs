@@ -1,0 +1,378 @@
+//! Two regions, end to end, with every component a real separate process: two `kvferry
+//! daemon`s and two `kvferry engine`s on loopback (real QUIC + mutual TLS between the daemons,
+//! real shared-memory pools, real gRPC). One cluster serves the phases in order; each phase
+//! states what it proves.
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvferry_proto::v1::migration_client::MigrationClient;
+use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
+use kvferry_proto::v1::{
+    Decision, GenerateRequest, GenerateResponse, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode,
+    Receipt, migration_event,
+};
+use tonic::transport::{Channel, Endpoint};
+
+const TENANT: &str = "tenant-e2e";
+
+struct Cluster {
+    root: tempfile::TempDir,
+    procs: Vec<(String, Child)>,
+    grpc: [SocketAddr; 2],
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_tcp() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn spawn(log: &Path, args: &[&str]) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kvferry"))
+        .args(args)
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap()
+}
+
+fn wait_file(p: &Path, what: &str, procs: &mut [(String, Child)]) {
+    let t = Instant::now();
+    while !p.exists() {
+        for (name, c) in procs.iter_mut() {
+            if let Ok(Some(s)) = c.try_wait() {
+                panic!("{name} exited ({s}) while waiting for {what}");
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Cluster {
+    fn dir(&self, i: usize) -> PathBuf {
+        self.root.path().join(["region-a", "region-b"][i])
+    }
+
+    fn start() -> Self {
+        let root = tempfile::Builder::new().prefix("kvferry-e2e-").tempdir().unwrap();
+        let names = ["region-a", "region-b"];
+        let grpc = [free_tcp(), free_tcp()];
+        let peer = [free_udp(), free_udp()];
+        let dev = root.path().join("dev-ca");
+        kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
+        let mut procs = Vec::new();
+        for i in 0..2 {
+            let dir = root.path().join(names[i]);
+            std::fs::create_dir_all(&dir).unwrap();
+            let cfg = format!(
+                "region = \"{}\"\ntrust_domain = \"kvferry.e2e\"\nrun_dir = \"{}\"\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = 10.0\nrtt_ms = 1.0\n[limits]\nstaging_bytes = 33554432\nlanding_zone_bytes = 268435456\nmax_tokens = 65536\n",
+                names[i],
+                dir.display(),
+                grpc[i],
+                peer[i],
+                free_tcp(),
+                dev.display(),
+                names[1 - i],
+                peer[1 - i]
+            );
+            let path = dir.join("kvferry.toml");
+            std::fs::write(&path, cfg).unwrap();
+            procs.push((
+                format!("daemon {}", names[i]),
+                spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
+            ));
+        }
+        for i in 0..2 {
+            let dir = root.path().join(names[i]);
+            wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
+            let ctl = dir.join("ctl.sock");
+            let id = format!("engine-{}", &names[i][7..]);
+            procs.push((
+                id.clone(),
+                spawn(
+                    &dir.join("engine.log"),
+                    &[
+                        "engine",
+                        "--run-dir",
+                        dir.to_str().unwrap(),
+                        "--engine-id",
+                        &id,
+                        "--control",
+                        ctl.to_str().unwrap(),
+                        "--layers",
+                        "2",
+                        "--hidden",
+                        "128",
+                        "--heads",
+                        "4",
+                        "--kv-heads",
+                        "2",
+                        "--head-dim",
+                        "32",
+                        "--ffn",
+                        "256",
+                        "--vocab",
+                        "512",
+                        "--num-blocks",
+                        "2048",
+                    ],
+                ),
+            ));
+        }
+        for i in 0..2 {
+            wait_file(&root.path().join(names[i]).join("ctl.sock"), "engine", &mut procs);
+        }
+        Self { root, procs, grpc }
+    }
+
+    async fn router(&self, i: usize) -> MigrationClient<Channel> {
+        let ch = Endpoint::from_shared(format!("http://{}", self.grpc[i])).unwrap().connect().await.unwrap();
+        MigrationClient::new(ch)
+    }
+
+    async fn engine(&self, i: usize) -> ReferenceEngineClient<Channel> {
+        let sock = self.dir(i).join("ctl.sock");
+        let ch = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let sock = sock.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(sock).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        ReferenceEngineClient::new(ch)
+    }
+
+    fn kill(&mut self, name: &str) {
+        for (n, c) in &mut self.procs {
+            if n == name {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+}
+
+fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 512) as u32
+        })
+        .collect()
+}
+
+async fn generate(c: &mut ReferenceEngineClient<Channel>, t: &[u32], use_cache: bool) -> GenerateResponse {
+    c.generate(GenerateRequest { tenant: TENANT.into(), token_ids: t.to_vec(), max_new_tokens: 4, use_cache })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequest {
+    MigrateSessionRequest {
+        session_id: session.into(),
+        tenant: TENANT.into(),
+        token_ids: t.to_vec(),
+        source_region: "region-a".into(),
+        deadline_ms: 30_000,
+        policy: Some(Policy { mode: mode as i32, allow_split: false, max_egress_bytes: 0 }),
+        ..Default::default()
+    }
+}
+
+async fn migrate(c: &mut MigrationClient<Channel>, req: MigrateSessionRequest) -> (Decision, Receipt) {
+    let mut s = c.migrate_session(req).await.unwrap().into_inner();
+    let (mut d, mut r) = (None, None);
+    while let Some(ev) = s.message().await.unwrap() {
+        match ev.event {
+            Some(migration_event::Event::Decision(x)) => d = Some(x),
+            Some(migration_event::Event::Receipt(x)) => r = Some(x),
+            _ => {}
+        }
+    }
+    (d.expect("a decision"), r.expect("a receipt"))
+}
+
+/// The next turn in region B, warm and from scratch, must agree bit for bit.
+async fn assert_warm_equals_cold(b: &mut ReferenceEngineClient<Channel>, convo: &[u32], min_ready: u64) {
+    let mut next = convo.to_vec();
+    next.extend(tokens(7, 99));
+    let warm = generate(b, &next, true).await;
+    let cold = generate(b, &next, false).await;
+    assert!(
+        warm.loaded_tokens >= min_ready,
+        "only {} tokens were ready (want {min_ready})",
+        warm.loaded_tokens
+    );
+    assert_eq!(warm.new_tokens, cold.new_tokens);
+    assert_eq!(
+        warm.logits_digest, cold.logits_digest,
+        "logits after the migrated prefix differ from a recompute"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_regions_end_to_end() {
+    let mut cl = Cluster::start();
+    let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
+    let mut router_b = cl.router(1).await;
+
+    // 1. Fetch path: a conversation in A; B fetches its prefix; B's next turn is exact.
+    let convo = tokens(600, 1);
+    generate(&mut a, &convo, true).await;
+    let (d, r) = migrate(&mut router_b, request("s-fetch", &convo, PolicyMode::Fetch)).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert_eq!(d.source_tokens, 592, "A holds every full block but the one with the last token");
+    assert!(r.bytes_moved > 0 && r.goodput_gbps > 0.0 && r.fallback.is_empty(), "{r:?}");
+    assert_eq!(r.tokens_ready, 592);
+    assert_warm_equals_cold(&mut b, &convo, 592).await;
+    // Migrating again: already local.
+    let (d, _) = migrate(&mut router_b, request("s-fetch-2", &convo, PolicyMode::Auto)).await;
+    assert_eq!(d.action, "already_local");
+
+    // 2. Recompute path: the engine receives and runs the instruction, so the next turn is warm.
+    let convo2 = tokens(300, 2);
+    generate(&mut a, &convo2, true).await;
+    let (d, r) = migrate(&mut router_b, request("s-recompute", &convo2, PolicyMode::Recompute)).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("recompute", "recompute"));
+    assert!(r.tokens_ready >= 288 && r.bytes_moved == 0, "{r:?}");
+    assert_warm_equals_cold(&mut b, &convo2, 288).await;
+
+    // 3. Split: an egress cap forbids a full fetch; the split recomputes the head and fetches the tail.
+    let convo3 = tokens(640, 3);
+    generate(&mut a, &convo3, true).await;
+    let plan =
+        router_b.plan_migration(request("s-plan", &convo3, PolicyMode::Auto)).await.unwrap().into_inner();
+    let bytes_per_token = plan.bytes_per_token;
+    assert!(bytes_per_token > 0.0, "{plan:?}");
+    let mut req = request("s-split", &convo3, PolicyMode::Auto);
+    req.policy = Some(Policy {
+        mode: PolicyMode::Auto as i32,
+        allow_split: true,
+        max_egress_bytes: (bytes_per_token * 320.0) as u64,
+    });
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert_eq!(d.action, "split", "{d:?}");
+    assert!(d.split_recompute_tokens >= 304 && d.split_recompute_tokens % 16 == 0, "{d:?}");
+    assert_eq!(r.action, "split");
+    assert!(r.bytes_moved > 0 && r.bytes_moved as f64 <= bytes_per_token * 320.0 + 1.0, "{r:?}");
+    assert_warm_equals_cold(&mut b, &convo3, 624).await;
+
+    // 4. Bad requests get the right status, and the daemon keeps serving.
+    use tonic::Code;
+    let bad = |f: &dyn Fn(&mut MigrateSessionRequest)| {
+        let mut r = request("s-bad", &convo, PolicyMode::Auto);
+        f(&mut r);
+        r
+    };
+    let cases: Vec<(MigrateSessionRequest, Code)> = vec![
+        (bad(&|r| r.token_ids.clear()), Code::InvalidArgument),
+        (bad(&|r| r.session_id.clear()), Code::InvalidArgument),
+        (bad(&|r| r.tenant.clear()), Code::InvalidArgument),
+        (bad(&|r| r.token_ids = vec![1; 70_000]), Code::ResourceExhausted),
+        (bad(&|r| r.source_region = "region-x".into()), Code::NotFound),
+        (bad(&|r| r.model_id = "no-such-model".into()), Code::NotFound),
+        (bad(&|r| r.layout_fingerprint = vec![7; 32]), Code::FailedPrecondition),
+        (bad(&|r| r.layout_fingerprint = vec![7; 5]), Code::InvalidArgument),
+        (bad(&|r| r.token_ids.truncate(10)), Code::InvalidArgument),
+    ];
+    for (req, code) in cases {
+        let e =
+            router_b.migrate_session(req.clone()).await.err().unwrap_or_else(|| panic!("accepted {req:?}"));
+        assert_eq!(e.code(), code, "{}", e.message());
+        assert!(!e.message().is_empty());
+    }
+    let mut expired = tonic::Request::new(request("s-expired", &convo, PolicyMode::Auto));
+    expired.metadata_mut().insert("grpc-timeout", "1n".parse().unwrap());
+    assert_eq!(router_b.plan_migration(expired).await.unwrap_err().code(), Code::DeadlineExceeded);
+    let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    assert_eq!(links.links.len(), 1);
+    assert!(links.links[0].samples >= 1, "the fetches fed the estimator: {links:?}");
+
+    // 5. 64 concurrent migrations (fresh sessions) all complete correctly.
+    let mut sessions = Vec::new();
+    for i in 0..8u64 {
+        let t = tokens(160, 100 + i);
+        generate(&mut a, &t, true).await;
+        sessions.push(t);
+    }
+    let mut tasks = Vec::new();
+    for i in 0..64usize {
+        let mut c = router_b.clone();
+        let t = sessions[i % 8].clone();
+        tasks.push(tokio::spawn(async move {
+            let mode = if i % 2 == 0 { PolicyMode::Fetch } else { PolicyMode::Auto };
+            migrate(&mut c, request(&format!("s-c{i}"), &t, mode)).await
+        }));
+    }
+    for t in tasks {
+        let (d, r) = t.await.unwrap();
+        assert!(["fetch", "already_local", "recompute"].contains(&d.action.as_str()), "{d:?}");
+        assert!(r.fallback.is_empty(), "{r:?}");
+        assert_eq!(r.tokens_ready, 160, "{r:?}");
+    }
+    for t in &sessions {
+        assert_warm_equals_cold(&mut b, t, 144).await;
+    }
+
+    // 6. An independent client: Python grpcio with stubs generated from proto/ at test time.
+    let convo5 = tokens(200, 5);
+    generate(&mut a, &convo5, true).await;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let toks: Vec<String> = convo5.iter().map(u32::to_string).collect();
+    let out = Command::new("python3")
+        .arg(format!("{root}/tests/python/router_client.py"))
+        .args([
+            &format!("{root}/proto"),
+            &cl.grpc[1].to_string(),
+            "s-python",
+            TENANT,
+            "region-a",
+            &toks.join(","),
+        ])
+        .output()
+        .expect("python3 (grpcio and grpcio-tools are installed by .ci/run)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "python client failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
+    assert_eq!(v["plan_action"], "fetch", "{v}");
+    assert_eq!(v["receipt_action"], "fetch", "{v}");
+    assert_eq!(v["tokens_ready"], 192, "{v}");
+    assert_eq!(v["events"][0], "decision", "{v}");
+    assert_eq!(v["bad_request_code"], "INVALID_ARGUMENT", "{v}");
+
+    // 7. The source region dies: a recompute answer within the deadline, nothing half-valid.
+    let convo4 = tokens(400, 4);
+    generate(&mut a, &convo4, true).await;
+    cl.kill("daemon region-a");
+    let mut req = request("s-dead", &convo4, PolicyMode::Auto);
+    req.deadline_ms = 8_000;
+    let t = Instant::now();
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
+    assert_eq!(r.action, "recompute", "{d:?} {r:?}");
+    assert_warm_equals_cold(&mut b, &convo4, 384).await;
+}
