@@ -97,11 +97,11 @@ impl Cluster {
                 spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
             ));
         }
-        for i in 0..2 {
-            let dir = root.path().join(names[i]);
+        for name in names {
+            let dir = root.path().join(name);
             wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
             let ctl = dir.join("ctl.sock");
-            let id = format!("engine-{}", &names[i][7..]);
+            let id = format!("engine-{}", &name[7..]);
             procs.push((
                 id.clone(),
                 spawn(
@@ -134,8 +134,8 @@ impl Cluster {
                 ),
             ));
         }
-        for i in 0..2 {
-            wait_file(&root.path().join(names[i]).join("ctl.sock"), "engine", &mut procs);
+        for name in names {
+            wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
         }
         Self { root, procs, grpc }
     }
