@@ -376,3 +376,47 @@ async fn two_regions_end_to_end() {
     assert_eq!(r.action, "recompute", "{d:?} {r:?}");
     assert_warm_equals_cold(&mut b, &convo4, 384).await;
 }
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// PlanMigration latency as a router sees it (not asserted: printed, and recorded in
+/// bench/results/daemon-plan-latency.md). Run:
+/// `cargo test --release -p kvferry --test e2e -- --ignored plan_migration_latency --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "a benchmark; run explicitly"]
+async fn plan_migration_latency() {
+    let cl = Cluster::start();
+    let mut a = cl.engine(0).await;
+    let mut b = cl.engine(1).await;
+    let mut router = cl.router(1).await;
+    let remote = tokens(2000, 11);
+    generate(&mut a, &remote, true).await;
+    let local = tokens(2000, 12);
+    generate(&mut b, &local, true).await;
+    for (label, convo) in [
+        ("source in region-a (includes the QUIC query round trip)", &remote),
+        ("prefix already local", &local),
+    ] {
+        let req = request("s-lat", convo, PolicyMode::Auto);
+        for _ in 0..50 {
+            router.plan_migration(req.clone()).await.unwrap();
+        }
+        let mut lat = Vec::with_capacity(2000);
+        for _ in 0..2000 {
+            let t = Instant::now();
+            router.plan_migration(req.clone()).await.unwrap();
+            lat.push(t.elapsed());
+        }
+        lat.sort();
+        println!(
+            "PlanMigration, {} tokens, {label}: p50 {:?}  p99 {:?}  max {:?}  (n = {})",
+            convo.len(),
+            percentile(&lat, 0.5),
+            percentile(&lat, 0.99),
+            lat[lat.len() - 1],
+            lat.len()
+        );
+    }
+}
