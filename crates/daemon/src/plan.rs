@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use kvferry_layout::BlockHash;
 use kvferry_model::{
-    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, Mode, Policy, Scenario,
+    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, Mode, Policy, QueueState,
+    Queues, Scenario,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
 use kvferry_wire::WireError;
@@ -35,6 +36,8 @@ pub struct Prepared {
     /// Why the source could not be asked, when it could not.
     pub source_note: Option<String>,
     pub figures: Option<Figures>,
+    /// The source's serving load, from its answer to the query.
+    pub source_load: Option<kvferry_wire::frame::LoadReport>,
     pub policy: Policy,
 }
 
@@ -179,6 +182,7 @@ pub async fn prepare(
         source: None,
         source_note: None,
         figures: None,
+        source_load: None,
         policy,
     };
     if local_blocks == p.hashes.len() {
@@ -213,6 +217,7 @@ pub async fn prepare(
         }));
     }
     let mut best: Option<(String, u32)> = None;
+    let mut best_load = None;
     let mut notes = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
@@ -220,6 +225,7 @@ pub async fn prepare(
             Ok(h) => {
                 if best.as_ref().is_none_or(|(_, n)| h.blocks_held > *n) {
                     best = Some((region, h.blocks_held));
+                    best_load = h.load;
                 }
             }
             Err(WireError::Refused { code, detail }) => {
@@ -232,6 +238,7 @@ pub async fn prepare(
         p.figures = shared.links.figures(region);
     }
     p.source = best;
+    p.source_load = best_load;
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));
     }
@@ -302,13 +309,21 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let link = LinkModel::new(fig.goodput_bps / 1e9, fig.rtt_s, 1.0)
         .map_err(|e| DaemonError::Internal(e.to_string()))?;
     let fetch_tokens = (held - local) * bs;
-    let scenario = Scenario {
-        kv: footprint(&p.engine)?,
-        compute,
-        link,
-        prefix_tokens: fetch_tokens as u64,
-        queues: None,
-    };
+    let kv = footprint(&p.engine)?;
+    // Live load on both paths (M/M/1): the source's serving staging occupancy prices the fetch
+    // path, the target engine's reported utilization the compute path; each path's service rate
+    // is one migration of this size per its idle cost.
+    let fetch_rho = fetch_utilization(p.source_load.as_ref());
+    let compute_rho = p.engine.load.lock().map(|l| l.utilization).unwrap_or(0.0).clamp(0.0, 0.95);
+    let queues = (fetch_rho > 0.0 || compute_rho > 0.0).then(|| {
+        let fetch_idle = link.fetch_seconds(fetch_tokens as u64, kv.bytes_per_token()).max(1e-6);
+        let compute_idle = compute.recompute_seconds(fetch_tokens as u64).max(1e-6);
+        Queues {
+            fetch: QueueState { utilization: fetch_rho, service_rate: 1.0 / fetch_idle },
+            compute: QueueState { utilization: compute_rho, service_rate: 1.0 / compute_idle },
+        }
+    });
+    let scenario = Scenario { kv, compute, link, prefix_tokens: fetch_tokens as u64, queues };
     let mut policy = p.policy;
     if local > 0 || !can_recompute {
         // A split recomputes from token 0; with a local prefix (or no tokens) it is not offered.
@@ -365,6 +380,15 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     Ok(planned)
 }
 
+/// Fetch-path utilization from a source's load report: its serving staging occupancy, capped
+/// below 1 (an M/M/1 queue at 1 never drains).
+pub fn fetch_utilization(load: Option<&kvferry_wire::frame::LoadReport>) -> f64 {
+    match load {
+        Some(l) if l.staging_bound > 0 => (l.staging_used as f64 / l.staging_bound as f64).clamp(0.0, 0.95),
+        _ => 0.0,
+    }
+}
+
 /// The wire form of a decision.
 pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let fig = p.figures;
@@ -375,7 +399,11 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
         local_tokens: (p.local_blocks * p.block_size as usize) as u64,
         split_recompute_tokens: if planned.action == "split" { planned.recompute_tokens as u64 } else { 0 },
-        link: fig.map(|f| link_state(p.source.as_ref().map(|(r, _)| r.as_str()).unwrap_or(""), &f, true)),
+        link: fig.map(|f| {
+            let mut l = link_state(p.source.as_ref().map(|(r, _)| r.as_str()).unwrap_or(""), &f, true);
+            l.fetch_utilization = fetch_utilization(p.source_load.as_ref());
+            l
+        }),
         ..Default::default()
     };
     if let Some(d) = &planned.model {
@@ -417,7 +445,7 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
         goodput_gbps: f.goodput_bps / 1e9,
         age_s: if f.age_s.is_finite() { f.age_s } else { -1.0 },
         confidence: f.confidence,
-        fetch_utilization: f64::from(f.active.min(1)),
+        fetch_utilization: 0.0,
         prediction_error: f.prediction_error,
         connected,
         samples: f.samples.min(u64::from(u32::MAX)) as u32,

@@ -168,6 +168,8 @@ pub struct PeerNode {
     incoming: Mutex<Vec<Connection>>,
     /// Per outgoing connection: routes incoming chunk streams to their transfer.
     routers: Mutex<HashMap<usize, Arc<StreamRouter>>>,
+    /// Transfers being served now.
+    serving: std::sync::atomic::AtomicU32,
 }
 
 /// Routes a connection's incoming chunk streams to the transfer they belong to, so that
@@ -238,9 +240,20 @@ impl PeerNode {
             conns: Mutex::new(HashMap::new()),
             incoming: Mutex::new(Vec::new()),
             routers: Mutex::new(HashMap::new()),
+            serving: std::sync::atomic::AtomicU32::new(0),
         });
         tokio::spawn(accept_loop(node.clone()));
         Ok(node)
+    }
+
+    /// This endpoint's serving load, as reported to peers that query it.
+    pub fn load_report(&self, transfer_id: u128) -> kvferry_wire::frame::LoadReport {
+        kvferry_wire::frame::LoadReport {
+            transfer_id,
+            active_transfers: self.serving.load(Ordering::Relaxed),
+            staging_used: self.serve_budget.in_use_kib.load(Ordering::Relaxed) * 1024,
+            staging_bound: self.staging_bound(),
+        }
     }
 
     /// The bound address.
@@ -474,6 +487,14 @@ impl Default for RunStats {
     }
 }
 
+struct ServingGuard<'a>(&'a std::sync::atomic::AtomicU32);
+
+impl Drop for ServingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct AbortOnDrop(Vec<tokio::task::AbortHandle>);
 
 impl Drop for AbortOnDrop {
@@ -640,10 +661,13 @@ async fn serve_transfer(
         };
     write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;
     if query_only {
-        // A query learns what is held; no KV byte is read or sent.
+        // A query learns what is held, and how loaded this fetch path is; no KV byte is read.
+        write_frame(&mut ctl_send, &Frame::Load(node.load_report(req.transfer_id))).await?;
         let _ = ctl_send.finish();
         return Ok(());
     }
+    node.serving.fetch_add(1, Ordering::Relaxed);
+    let _serving = ServingGuard(&node.serving);
 
     // Writers: one unidirectional stream each, fed round-robin.
     let streams = node.cfg.tuning.streams.max(1) as usize;

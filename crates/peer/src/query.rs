@@ -23,6 +23,8 @@ pub struct Holdings {
     pub manifest: Option<Manifest>,
     /// Round trip of the query itself.
     pub rtt: Duration,
+    /// The peer's serving load, when it reported one.
+    pub load: Option<kvferry_wire::frame::LoadReport>,
 }
 
 impl PeerNode {
@@ -55,10 +57,14 @@ impl PeerNode {
             let rtt = t0.elapsed();
             match answer {
                 Some(Frame::Manifest(m)) => {
-                    Ok(Holdings { blocks_held: m.blocks_held, manifest: Some(m), rtt })
+                    let load = match read_frame(&mut recv).await {
+                        Ok(Some(Frame::Load(l))) if l.transfer_id == m.transfer_id => Some(l),
+                        _ => None,
+                    };
+                    Ok(Holdings { blocks_held: m.blocks_held, manifest: Some(m), rtt, load })
                 }
                 Some(Frame::Refusal(r)) if r.code == RefusalCode::UnknownBlocks => {
-                    Ok(Holdings { blocks_held: 0, manifest: None, rtt })
+                    Ok(Holdings { blocks_held: 0, manifest: None, rtt, load: None })
                 }
                 Some(Frame::Refusal(r)) => Err(WireError::Refused { code: r.code, detail: r.detail }),
                 other => Err(WireError::Protocol(format!("unexpected answer to a query: {other:?}"))),

@@ -491,3 +491,38 @@ async fn concurrent_fetches_share_one_connection_without_stealing_streams() {
     }
     s.assert_identical();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_reports_holdings_and_load_without_reading_kv() {
+    let s = setup(4, 6, |x| x);
+    let dst = s.requester("dst", 8 << 20);
+    let mut hashes = s.hashes.clone();
+    hashes.push([0xAB; 32]);
+    let h = dst
+        .query(
+            &s.src_id(),
+            s.owner.local_addr(),
+            "tenant-a",
+            [3; 32],
+            hashes,
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.blocks_held, 6);
+    let load = h.load.expect("the owner reports its load with the manifest");
+    assert_eq!(load.staging_bound, s.owner.staging_bound());
+    assert_eq!(s.counting.bytes.load(Ordering::Relaxed), 0, "a query reads no KV byte");
+    let e = dst
+        .query(
+            &s.src_id(),
+            s.owner.local_addr(),
+            "tenant-b",
+            [3; 32],
+            s.hashes.clone(),
+            Instant::now() + Duration::from_secs(10),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, WireError::Refused { code: RefusalCode::TenantMismatch, .. }), "{e:?}");
+}

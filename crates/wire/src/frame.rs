@@ -162,6 +162,18 @@ pub struct Probe {
     pub bytes: u64,
 }
 
+/// Owner → requester, after the manifest answering a [`Frame::Query`]: how loaded the owner's
+/// fetch path is right now, so the requester's decision can price the queue it would join.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadReport {
+    pub transfer_id: u128,
+    /// Transfers the owner is serving now.
+    pub active_transfers: u32,
+    /// Serving staging bytes in use, and the bound.
+    pub staging_used: u64,
+    pub staging_bound: u64,
+}
+
 /// Every frame of the protocol.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
@@ -178,6 +190,7 @@ pub enum Frame {
     /// owner answers with a [`Manifest`] (nothing follows it) or a [`Refusal`], and reads no
     /// KV byte. This is how a region decides before the first byte moves.
     Query(FetchRequest),
+    Load(LoadReport),
 }
 
 impl Frame {
@@ -193,6 +206,7 @@ impl Frame {
             Frame::Complete(_) => 8,
             Frame::Probe(_) => 9,
             Frame::Query(_) => 10,
+            Frame::Load(_) => 11,
         }
     }
 
@@ -209,6 +223,7 @@ impl Frame {
             Frame::Complete(f) => f.transfer_id,
             Frame::Probe(f) => f.transfer_id,
             Frame::Query(f) => f.transfer_id,
+            Frame::Load(f) => f.transfer_id,
         }
     }
 }
@@ -306,6 +321,12 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u128(p.transfer_id);
             w.u64(p.bytes);
         }
+        Frame::Load(l) => {
+            w.u128(l.transfer_id);
+            w.u32(l.active_transfers);
+            w.u64(l.staging_used);
+            w.u64(l.staging_bound);
+        }
     }
     let len = (out.len() - body) as u32;
     out[start + 4..start + 8].copy_from_slice(&len.to_le_bytes());
@@ -339,7 +360,7 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         return Err(DecodeError::BadVersion(buf[2]));
     }
     let kind = buf[3];
-    if !(1..=10).contains(&kind) {
+    if !(1..=11).contains(&kind) {
         return Err(DecodeError::UnknownType(kind));
     }
     let len = u32::from_le_bytes([buf[4], buf[5], buf[6], buf[7]]) as usize;
@@ -413,6 +434,12 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
         }
         7 => Frame::Cancel(Cancel { transfer_id: r.u128("transfer_id")?, detail: r.str("detail")? }),
         8 => Frame::Complete(Complete { transfer_id: r.u128("transfer_id")? }),
+        11 => Frame::Load(LoadReport {
+            transfer_id: r.u128("transfer_id")?,
+            active_transfers: r.u32("active_transfers")?,
+            staging_used: r.u64("staging_used")?,
+            staging_bound: r.u64("staging_bound")?,
+        }),
         9 => Frame::Probe(Probe { transfer_id: r.u128("transfer_id")?, bytes: r.u64("bytes")? }),
         _ => return Err(DecodeError::UnknownType(kind)),
     };
@@ -545,6 +572,12 @@ mod tests {
             Frame::Retransmit(Retransmit { transfer_id: 5, chunk_ids: vec![1, 2, 3] }),
             Frame::Cancel(Cancel { transfer_id: 6, detail: "deadline".into() }),
             Frame::Complete(Complete { transfer_id: 7 }),
+            Frame::Load(LoadReport {
+                transfer_id: 9,
+                active_transfers: 3,
+                staging_used: 1 << 20,
+                staging_bound: 1 << 28,
+            }),
             Frame::Query(FetchRequest {
                 transfer_id: 8,
                 tenant: "t".into(),
