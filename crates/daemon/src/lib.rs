@@ -102,6 +102,20 @@ fn tls_material(cfg: &Config) -> anyhow::Result<(kvferry_peer::TlsIdentity, Arc<
     }
 }
 
+/// Accepted router connections with Nagle off: gRPC writes headers, data and trailers
+/// separately, and Nagle plus the client's delayed ACK would add ~40 ms to some replies.
+fn nodelay(
+    l: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(l).map(|s| {
+        if let Ok(s) = &s {
+            let _ = s.set_nodelay(true);
+        }
+        s
+    })
+}
+
 impl Daemon {
     /// Binds every listener and starts serving.
     pub async fn start(config: Config) -> anyhow::Result<Self> {
@@ -205,7 +219,7 @@ impl Daemon {
                     .timeout(Duration::from_secs(600))
                     .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
                     .add_service(reflection)
-                    .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(grpc)),
+                    .serve_with_incoming(nodelay(grpc)),
             )
             .abort_handle(),
         );

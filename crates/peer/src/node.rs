@@ -659,13 +659,16 @@ async fn serve_transfer(
                 return Ok(());
             }
         };
-    write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;
     if query_only {
         // A query learns what is held, and how loaded this fetch path is; no KV byte is read.
-        write_frame(&mut ctl_send, &Frame::Load(node.load_report(req.transfer_id))).await?;
+        // Both frames in one write, so they leave in one packet.
+        let mut both = kvferry_wire::frame::encode_to_vec(&Frame::Manifest(manifest));
+        kvferry_wire::frame::encode(&Frame::Load(node.load_report(req.transfer_id)), &mut both);
+        ctl_send.write_all(&both).await.map_err(crate::io::write_err)?;
         let _ = ctl_send.finish();
         return Ok(());
     }
+    write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;
     node.serving.fetch_add(1, Ordering::Relaxed);
     let _serving = ServingGuard(&node.serving);
 
