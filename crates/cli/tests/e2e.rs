@@ -1,7 +1,7 @@
 //! Two regions, end to end, with every component a real separate process: two `kvferry
 //! daemon`s and two `kvferry engine`s on loopback (real QUIC + mutual TLS between the daemons,
 //! real shared-memory pools, real gRPC). One cluster serves the phases in order; each phase
-//! states what it proves.
+//! states what it proves. A second cluster runs region B's engine with a NIXL-registered pool.
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -69,6 +69,11 @@ impl Cluster {
     }
 
     fn start() -> Self {
+        Self::start_with_b_args(&[])
+    }
+
+    /// Like [`Cluster::start`], with `b_engine_args` appended to region B's engine command.
+    fn start_with_b_args(b_engine_args: &[&str]) -> Self {
         let root = tempfile::Builder::new().prefix("kvferry-e2e-").tempdir().unwrap();
         let names = ["region-a", "region-b"];
         let grpc = [free_tcp(), free_tcp()];
@@ -97,11 +102,12 @@ impl Cluster {
                 spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
             ));
         }
-        for name in names {
+        for (i, name) in names.into_iter().enumerate() {
             let dir = root.path().join(name);
             wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
             let ctl = dir.join("ctl.sock");
             let id = format!("engine-{}", &name[7..]);
+            let extra: &[&str] = if i == 1 { b_engine_args } else { &[] };
             procs.push((
                 id.clone(),
                 spawn(
@@ -130,7 +136,10 @@ impl Cluster {
                         "512",
                         "--num-blocks",
                         "2048",
-                    ],
+                    ]
+                    .into_iter()
+                    .chain(extra.iter().copied())
+                    .collect::<Vec<_>>(),
                 ),
             ));
         }
@@ -243,6 +252,8 @@ async fn two_regions_end_to_end() {
     // 1. Fetch path: a conversation in A; B fetches its prefix; B's next turn is exact.
     let convo = tokens(600, 1);
     generate(&mut a, &convo, true).await;
+    // The engine reports its blocks to its daemon asynchronously: wait until A's daemon has them.
+    wait_for_fetch_plan(&mut router_b, &request("s-fetch", &convo, PolicyMode::Fetch)).await;
     let (d, r) = migrate(&mut router_b, request("s-fetch", &convo, PolicyMode::Fetch)).await;
     assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
     assert_eq!(d.source_tokens, 592, "A holds every full block but the one with the last token");
@@ -264,6 +275,7 @@ async fn two_regions_end_to_end() {
     // 3. Split: an egress cap forbids a full fetch; the split recomputes the head and fetches the tail.
     let convo3 = tokens(640, 3);
     generate(&mut a, &convo3, true).await;
+    wait_for_fetch_plan(&mut router_b, &request("s-plan", &convo3, PolicyMode::Auto)).await;
     let plan =
         router_b.plan_migration(request("s-plan", &convo3, PolicyMode::Auto)).await.unwrap().into_inner();
     let bytes_per_token = plan.bytes_per_token;
@@ -305,9 +317,20 @@ async fn two_regions_end_to_end() {
         assert_eq!(e.code(), code, "{}", e.message());
         assert!(!e.message().is_empty());
     }
-    let mut expired = tonic::Request::new(request("s-expired", &convo, PolicyMode::Auto));
-    expired.metadata_mut().insert("grpc-timeout", "1n".parse().unwrap());
+    // An absolute deadline already in the past: refused by the daemon.
+    let mut expired = request("s-expired", &convo, PolicyMode::Auto);
+    let now_ms =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    expired.deadline_unix_ms = now_ms - 1_000;
+    let e = router_b.migrate_session(expired.clone()).await.unwrap_err();
+    assert_eq!(e.code(), Code::DeadlineExceeded, "{}", e.message());
     assert_eq!(router_b.plan_migration(expired).await.unwrap_err().code(), Code::DeadlineExceeded);
+    // A transport deadline (grpc-timeout) that expires in flight: whichever fires first answers,
+    // the daemon (DEADLINE_EXCEEDED) or tonic's own deadline layer (which reports CANCELLED).
+    let mut in_flight = tonic::Request::new(request("s-expired-2", &convo, PolicyMode::Auto));
+    in_flight.metadata_mut().insert("grpc-timeout", "1n".parse().unwrap());
+    let code = router_b.plan_migration(in_flight).await.unwrap_err().code();
+    assert!(matches!(code, Code::DeadlineExceeded | Code::Cancelled), "{code:?}");
     let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     assert_eq!(links.links.len(), 1);
     assert!(links.links[0].samples >= 1, "the fetches fed the estimator: {links:?}");
@@ -317,6 +340,7 @@ async fn two_regions_end_to_end() {
     for i in 0..8u64 {
         let t = tokens(160, 100 + i);
         generate(&mut a, &t, true).await;
+        wait_for_fetch_plan(&mut router_b, &request("s-wait", &t, PolicyMode::Auto)).await;
         sessions.push(t);
     }
     let mut tasks = Vec::new();
@@ -341,6 +365,7 @@ async fn two_regions_end_to_end() {
     // 6. An independent client: Python grpcio with stubs generated from proto/ at test time.
     let convo5 = tokens(200, 5);
     generate(&mut a, &convo5, true).await;
+    wait_for_fetch_plan(&mut router_b, &request("s-python", &convo5, PolicyMode::Auto)).await;
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
     let toks: Vec<String> = convo5.iter().map(u32::to_string).collect();
     let out = Command::new("python3")
@@ -375,6 +400,68 @@ async fn two_regions_end_to_end() {
     assert!(t.elapsed() < Duration::from_secs(8), "took {:?}", t.elapsed());
     assert_eq!(r.action, "recompute", "{d:?} {r:?}");
     assert_warm_equals_cold(&mut b, &convo4, 384).await;
+}
+
+/// An engine reports its blocks to its daemon asynchronously: wait until `router`'s plan for
+/// `req` sees them in the source region.
+async fn wait_for_fetch_plan(router: &mut MigrationClient<Channel>, req: &MigrateSessionRequest) {
+    let t = Instant::now();
+    loop {
+        let plan = router.plan_migration(req.clone()).await.unwrap().into_inner();
+        if plan.action == "fetch" {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "the source's blocks never became visible: {plan:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Region B's engine hands its pool to the daemon through NIXL (`--pool nixl`: regions
+/// registered with the engine's own NIXL agent, no memfd on pool.sock), so B's daemon writes
+/// fetched blocks into the engine (Load) and reads them out for a peer (serving a fetch) only
+/// with NIXL WRITE/READ. Needs NIXL's environment (`source deploy/install-nixl.sh`; .ci/run
+/// does); without it the test fails, it does not skip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nixl_pool_end_to_end() {
+    if let Err(e) = kvferry_pool_nixl::ensure_nixl() {
+        panic!("this test needs NIXL: run `source deploy/install-nixl.sh` first ({e})");
+    }
+    let cl = Cluster::start_with_b_args(&["--pool", "nixl"]);
+    let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
+    let (mut router_a, mut router_b) = (cl.router(0).await, cl.router(1).await);
+    let log = std::fs::read_to_string(cl.dir(1).join("daemon.log")).unwrap();
+    assert!(log.contains("NIXL pool attached"), "region B's pool did not come through NIXL:\n{log}");
+
+    // Fetch into B: the landed blocks are written into B's engine with NIXL WRITE.
+    let convo = tokens(600, 21);
+    generate(&mut a, &convo, true).await;
+    let req = request("s-nixl-fetch", &convo, PolicyMode::Fetch);
+    wait_for_fetch_plan(&mut router_b, &req).await;
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
+    assert_eq!(r.tokens_ready, 592);
+    assert_warm_equals_cold(&mut b, &convo, 592).await;
+
+    // Recompute in B.
+    let convo2 = tokens(300, 22);
+    generate(&mut a, &convo2, true).await;
+    let (d, r) = migrate(&mut router_b, request("s-nixl-recompute", &convo2, PolicyMode::Recompute)).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("recompute", "recompute"));
+    assert!(r.tokens_ready >= 288 && r.bytes_moved == 0, "{r:?}");
+    assert_warm_equals_cold(&mut b, &convo2, 288).await;
+
+    // The other way: A fetches from B, whose daemon reads B's blocks with NIXL READ.
+    let convo3 = tokens(390, 23);
+    generate(&mut b, &convo3, true).await;
+    let mut req = request("s-nixl-serve", &convo3, PolicyMode::Fetch);
+    req.source_region = "region-b".into();
+    wait_for_fetch_plan(&mut router_a, &req).await;
+    let (d, r) = migrate(&mut router_a, req).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
+    assert_eq!(r.tokens_ready, 384, "{r:?}");
+    assert_warm_equals_cold(&mut a, &convo3, 384).await;
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {

@@ -72,6 +72,70 @@ pub fn hashes_for(tenant: &str, tokens: &[u32], block_size: u32) -> Vec<BlockHas
     kvferry_layout::block_hashes(tenant.as_bytes(), tokens, block_size)
 }
 
+/// Environment variable naming the NIXL metadata checker binary (`kvferry-nixl-engine`).
+pub const NIXL_CHECKER_ENV: &str = "KVFERRY_NIXL_METADATA_CHECKER";
+
+/// The isolated NIXL metadata checker to use, if one is available: `$KVFERRY_NIXL_METADATA_CHECKER`
+/// (empty: none), else a `kvferry-nixl-engine` next to the running executable.
+///
+/// Loading an engine's metadata hands its packed UCX keys to UCX, which trusts them: corrupted
+/// keys can crash the loading process (crates/pool-nixl/FINDINGS.md). The checker loads the
+/// blob in a throwaway process first; it costs one short-lived process and NIXL agent per
+/// registration (not measured here; registration is rare), so the daemon uses it whenever
+/// it can find one. Without one it loads the metadata directly and logs a warning: the JSON,
+/// header, name and region checks still run, but a well-framed blob with corrupted keys could
+/// bring the daemon down.
+pub fn nixl_metadata_checker() -> Option<std::path::PathBuf> {
+    if let Some(p) = std::env::var_os(NIXL_CHECKER_ENV) {
+        return (!p.is_empty()).then(|| p.into());
+    }
+    let exe = std::env::current_exe().ok()?;
+    let sibling = exe.parent()?.join("kvferry-nixl-engine");
+    sibling.is_file().then_some(sibling)
+}
+
+/// Parses a NIXL pool descriptor (kvferry_pool_nixl's JSON form), checks its regions against
+/// the layout's (one NIXL region per layout region, each at least as long), and attaches to it.
+/// Blocking (may run the metadata checker): call it off the async executor.
+pub fn attach_nixl(
+    descriptor_json: &[u8],
+    region_lens: &[u64],
+) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
+    use kvferry_pool_nixl::{NixlBackend, NixlOptions, NixlPoolDescriptor};
+    let text = std::str::from_utf8(descriptor_json)
+        .map_err(|_| DaemonError::Invalid("nixl.descriptor_json is not UTF-8".into()))?;
+    let desc = NixlPoolDescriptor::from_json(text)
+        .map_err(|e| DaemonError::Invalid(format!("nixl.descriptor_json: {e}")))?;
+    if desc.regions.len() != region_lens.len() {
+        return Err(DaemonError::Invalid(format!(
+            "the NIXL descriptor has {} regions, the layout has {} (one NIXL region per layout region)",
+            desc.regions.len(),
+            region_lens.len()
+        )));
+    }
+    for (i, (r, &want)) in desc.regions.iter().zip(region_lens).enumerate() {
+        if r.len < want {
+            return Err(DaemonError::Invalid(format!(
+                "NIXL region {i} is {} bytes, the layout needs {want}",
+                r.len
+            )));
+        }
+    }
+    let metadata_checker = nixl_metadata_checker();
+    if metadata_checker.is_none() {
+        tracing::warn!(
+            agent = %desc.agent_name,
+            "no NIXL metadata checker (set {NIXL_CHECKER_ENV} to kvferry-nixl-engine): loading the engine's metadata in-process"
+        );
+    }
+    let opts = NixlOptions { metadata_checker, ..NixlOptions::default() };
+    let backend = NixlBackend::attach_with(&desc, opts).map_err(|e| {
+        DaemonError::Precondition(format!("cannot attach the NIXL pool of agent {:?}: {e}", desc.agent_name))
+    })?;
+    tracing::info!(engine_agent = %backend.peer(), daemon_agent = %backend.agent_name(), "NIXL pool attached");
+    Ok(Arc::new(backend))
+}
+
 /// The Engine service.
 #[derive(Debug)]
 pub struct EngineService {
@@ -127,9 +191,16 @@ impl Engine for EngineService {
                 }
                 backend
             }
-            Some(register_pool_request::Access::Nixl(_)) | Some(register_pool_request::Access::Cuda(_)) => {
+            Some(register_pool_request::Access::Nixl(nixl)) => {
+                let json = nixl.descriptor_json;
+                let lens = layout.region_lens().to_vec();
+                tokio::task::spawn_blocking(move || attach_nixl(&json, &lens))
+                    .await
+                    .map_err(|e| DaemonError::Internal(format!("NIXL attach task: {e}")))??
+            }
+            Some(register_pool_request::Access::Cuda(_)) => {
                 return Err(DaemonError::Precondition(
-                    "this daemon build serves shm pools on the engine socket; NIXL and CUDA IPC pools attach through their backends (crates/pool-nixl, crates/pool-cuda) but are not wired to RegisterPool yet".into(),
+                    "this daemon build serves shm and NIXL pools; CUDA IPC pools attach through crates/pool-cuda but are not wired to RegisterPool yet".into(),
                 )
                 .into());
             }

@@ -121,6 +121,15 @@ pub async fn prepare(
         (ms, None) => Duration::from_millis(ms),
         (ms, Some(t)) => Duration::from_millis(ms).min(t),
     };
+    let budget = if r.deadline_unix_ms > 0 {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        budget.min(Duration::from_millis(r.deadline_unix_ms.saturating_sub(now_ms)))
+    } else {
+        budget
+    };
     if budget < Duration::from_millis(1) {
         return Err(DaemonError::Deadline("the request's deadline has already expired".into()));
     }

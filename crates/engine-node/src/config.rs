@@ -33,6 +33,19 @@ pub struct NodeConfig {
     pub load_report_interval: Duration,
     /// Deadline of each daemon RPC (Lookup, Load, Release) and of registration.
     pub rpc_timeout: Duration,
+    /// How the daemon reaches the pool's memory.
+    pub pool: PoolAccess,
+}
+
+/// How the engine hands its pool to the daemon (`--pool`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum PoolAccess {
+    /// The pool's memfd goes to the daemon over `pool.sock`; the daemon maps it.
+    #[default]
+    Shm,
+    /// The pool's regions are registered with the engine's own NIXL agent (plain DRAM); the
+    /// daemon gets a NIXL descriptor and moves blocks with NIXL READ/WRITE, never mapping it.
+    Nixl,
 }
 
 /// The default model: 4 layers, hidden 256, 8 heads, 2 KV heads, head dim 32, FFN 512,
@@ -70,6 +83,7 @@ impl NodeConfig {
             profile: ProfileOptions::default(),
             load_report_interval: Duration::from_secs(1),
             rpc_timeout: Duration::from_secs(30),
+            pool: PoolAccess::Shm,
         }
     }
 
@@ -184,6 +198,10 @@ pub struct EngineArgs {
     /// Seconds between load reports to the daemon.
     #[arg(long, default_value_t = 1.0)]
     pub load_report_s: f64,
+    /// How the daemon reaches the KV pool: `shm` (memfd over pool.sock) or `nixl` (regions
+    /// registered with the engine's NIXL agent; needs NIXL, see deploy/install-nixl.sh).
+    #[arg(long, value_enum, default_value_t = PoolAccess::Shm)]
+    pub pool: PoolAccess,
 }
 
 impl EngineArgs {
@@ -209,6 +227,7 @@ impl EngineArgs {
         };
         cfg.num_blocks = self.num_blocks;
         cfg.load_report_interval = Duration::from_secs_f64(self.load_report_s);
+        cfg.pool = self.pool;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -233,6 +252,10 @@ mod tests {
         assert_eq!(cfg.model, ModelConfig { seed: 5, kv_dtype: KvDtype::Bf16, ..default_model(0) });
         assert_eq!(cfg.control, PathBuf::from("/tmp/r/engine-0.sock"));
         assert!(cfg.model_id().starts_with("kvferry-ref-"));
+        assert_eq!(cfg.pool, PoolAccess::Shm);
+        let nixl = Cli::try_parse_from(["x", "--run-dir", "/r", "--pool", "nixl"]).unwrap();
+        assert_eq!(nixl.engine.into_config().unwrap().pool, PoolAccess::Nixl);
+        assert!(Cli::try_parse_from(["x", "--run-dir", "/r", "--pool", "cuda"]).is_err());
         let bad = Cli::try_parse_from(["x", "--run-dir", "/r", "--kv-heads", "3"]).unwrap();
         assert!(matches!(bad.engine.into_config(), Err(NodeError::Config(_))));
         let zero = Cli::try_parse_from(["x", "--run-dir", "/r", "--num-blocks", "0"]).unwrap();

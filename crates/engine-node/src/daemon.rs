@@ -1,6 +1,6 @@
 //! The engine's side of the daemon's Engine API: connecting a tonic channel over a Unix
 //! socket ([`connect_uds`]), handing the pool's memfd over `pool.sock` and reading back the
-//! pool token ([`share_pool`]), `RegisterPool`, and the `Attach` stream (an [`EventSink`]
+//! pool token ([`share_pool`]), `RegisterPool` (shm token or NIXL descriptor), and the `Attach` stream (an [`EventSink`]
 //! for engine → daemon events; the daemon → engine commands are read by the node).
 
 use std::io::{BufRead, BufReader};
@@ -16,7 +16,7 @@ use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::engine_event::Event;
 use kvferry_proto::v1::{
     BlockRemoved, BlockStored, EngineEvent, LoadReport, PrefillProfile, RecomputeDone, RegisterPoolRequest,
-    RegisterPoolResponse, ShmAccess, register_pool_request,
+    RegisterPoolResponse, register_pool_request,
 };
 use tokio::sync::mpsc;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -97,13 +97,13 @@ pub struct Registration {
     pub model_id: String,
     /// Pool layout.
     pub layout: kvferry_proto::v1::PoolLayoutSpec,
-    /// Token from `pool.sock`.
-    pub pool_token: String,
+    /// How the daemon reaches the pool: a token from `pool.sock`, or a NIXL descriptor.
+    pub access: register_pool_request::Access,
     /// Measured profile.
     pub profile: Option<PrefillProfile>,
 }
 
-/// `Engine.RegisterPool` with shm access.
+/// `Engine.RegisterPool`.
 pub async fn register(
     client: &mut EngineClient<Channel>,
     reg: &Registration,
@@ -112,7 +112,7 @@ pub async fn register(
         engine_id: reg.engine_id.clone(),
         model_id: reg.model_id.clone(),
         layout: Some(reg.layout.clone()),
-        access: Some(register_pool_request::Access::Shm(ShmAccess { pool_token: reg.pool_token.clone() })),
+        access: Some(reg.access.clone()),
         profile: reg.profile,
     };
     Ok(client.register_pool(req).await?.into_inner())

@@ -5,9 +5,11 @@
 //! Codemap:
 //! - [`config`]: `NodeConfig`, the clap `EngineArgs` the CLI mounts, the default model.
 //! - [`memory`]: the canonical pool layout, its byte-for-byte check against the core's, and
-//!   `ShmKvMemory` (the core's `KvMemory` over the shm mapping; the crate's only `unsafe`).
+//!   `ShmKvMemory` (the core's `KvMemory` over the shm mapping, optionally exported through
+//!   NIXL with `--pool nixl`; the crate's only `unsafe`).
 //! - [`cache`]: the engine-wide prefix cache (hash → block, refcounts, LRU).
-//! - [`daemon`]: Unix-socket gRPC channel, pool fd hand-over, RegisterPool, Attach events.
+//! - [`daemon`]: Unix-socket gRPC channel, pool fd hand-over, RegisterPool (shm or NIXL),
+//!   Attach events.
 //! - [`worker`]: the single thread that owns the core and runs Generate / Recompute jobs.
 //! - `service`: the ReferenceEngine gRPC service.
 //! - [`node`]: `EngineNode` (start, supervise, shut down) and the `run` entry point.
@@ -23,8 +25,8 @@ mod service;
 pub mod worker;
 
 pub use cache::PrefixCache;
-pub use config::{EngineArgs, KvDtypeArg, NodeConfig, default_model};
+pub use config::{EngineArgs, KvDtypeArg, NodeConfig, PoolAccess, default_model};
 pub use error::NodeError;
 pub use memory::ShmKvMemory;
-pub use node::{EngineNode, NodeInfo, build_engine, run};
+pub use node::{EngineNode, NodeInfo, build_engine, nixl_agent_name, run};
 pub use service::ControlService;

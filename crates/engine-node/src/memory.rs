@@ -1,7 +1,9 @@
 //! The engine's KV memory in shared memory: [`pool_layout`] builds the canonical
 //! `PoolLayout::vllm_flash_attn(.., Nhd)` for the core's [`KvLayout`] and
 //! [`check_layout_matches`] proves they agree byte for byte; [`ShmKvMemory`] implements the
-//! core's `KvMemory` over an `ShmPool` (a sealed memfd the daemon maps too).
+//! core's `KvMemory` over an `ShmPool` (a sealed memfd the daemon maps too), optionally
+//! registered with the engine's own NIXL agent ([`ShmKvMemory::export_nixl`]) so the daemon
+//! reaches it through NIXL instead of mapping the memfd.
 //!
 //! Concurrency contract with the daemon (the reason the `unsafe` below is sound): the daemon
 //! writes into this memory only during an `Engine.Load` call, only into the blocks the engine
@@ -9,10 +11,12 @@
 //! holding no slice into the mapping, until the daemon answers. Slices into the mapping exist
 //! only inside the core's compute calls on the worker thread. The daemon may read published
 //! blocks at any time; reads by another process do not invalidate this process's references.
+//! The same contract holds whether the daemon maps the memfd or moves bytes with NIXL.
 
 use kvferry_engine::{KvDtype, KvLayout, KvMemory};
 use kvferry_engine_sdk::{AttnSpec, Dtype, PoolLayout, ShmPool, StrideOrder};
 use kvferry_layout::PlaneKind;
+use kvferry_pool_nixl::{MemKind, NixlPoolDescriptor, NixlPoolExport, NixlRegion};
 use kvferry_proto::v1::PoolLayoutSpec;
 
 use crate::error::NodeError;
@@ -96,9 +100,12 @@ pub fn layout_spec(kv: &KvLayout) -> PoolLayoutSpec {
 
 /// The core's `KvMemory` over a shared-memory pool: region `i` (layer `i`) is
 /// `ShmPool::region_ptr(i)` for `layout().region_lens()[i]` bytes. Owns the pool, so the
-/// mapping outlives every slice handed out.
+/// mapping outlives every slice handed out, and (with `--pool nixl`) the NIXL export of its
+/// regions, so the registrations live exactly as long as the engine.
 #[derive(Debug)]
 pub struct ShmKvMemory {
+    // Declared before `pool`: the NIXL registrations are released before the mapping goes.
+    nixl: Option<NixlPoolExport>,
     pool: ShmPool,
     lens: Vec<usize>,
 }
@@ -121,7 +128,40 @@ impl ShmKvMemory {
                 return Err(NodeError::Pool(format!("region {i} missing from the shared table")));
             }
         }
-        Ok(ShmKvMemory { pool, lens })
+        Ok(ShmKvMemory { nixl: None, pool, lens })
+    }
+
+    /// Registers every region (layer) of the pool, as DRAM, with a new NIXL agent named
+    /// `agent_name`, keeps the export for the life of this memory, and returns the descriptor
+    /// to send the daemon (region `i` of the descriptor is region `i` of the layout).
+    pub fn export_nixl(&mut self, agent_name: &str) -> Result<NixlPoolDescriptor, NodeError> {
+        if self.nixl.is_some() {
+            return Err(NodeError::Pool("the pool is already exported through NIXL".into()));
+        }
+        fn nixl_err(what: &str, e: impl std::fmt::Display) -> NodeError {
+            NodeError::Pool(format!("NIXL: {what}: {e}"))
+        }
+        let mut export = NixlPoolExport::new(agent_name).map_err(|e| nixl_err("create the agent", e))?;
+        for (i, &len) in self.lens.iter().enumerate() {
+            let region =
+                NixlRegion { addr: self.ptr(i) as u64, len: len as u64, mem_type: MemKind::Dram, dev: 0 };
+            // SAFETY: `[ptr(i), ptr(i) + lens[i])` is region `i` inside the live `MAP_SHARED`
+            // mapping owned by `self.pool` (checked in `create`; the memfd is sealed against
+            // shrinking), plain host memory. The export is stored in `self.nixl`, declared
+            // before `self.pool`, so every registration is dropped before the mapping is
+            // unmapped. The daemon's NIXL accesses follow the module's concurrency contract
+            // (writes only into blocks of an in-flight Load, while the worker holds no slice),
+            // exactly as its accesses through the shared mapping do.
+            unsafe { export.register(region) }.map_err(|e| nixl_err(&format!("register region {i}"), e))?;
+        }
+        let desc = export.descriptor().map_err(|e| nixl_err("describe the pool", e))?;
+        self.nixl = Some(export);
+        Ok(desc)
+    }
+
+    /// The NIXL export of the pool, after [`ShmKvMemory::export_nixl`].
+    pub fn nixl_export(&self) -> Option<&NixlPoolExport> {
+        self.nixl.as_ref()
     }
 
     /// The shared pool (to share its fd with the daemon).

@@ -1,5 +1,5 @@
 //! [`EngineNode`]: start-up (build the model and the shared pool, measure the prefill
-//! profile, share the pool's fd, RegisterPool, Attach, serve the control socket), the
+//! profile, share the pool's fd or its NIXL descriptor, RegisterPool, Attach, serve the control socket), the
 //! supervisor that dispatches daemon commands to the worker and notices the daemon going
 //! away, clean shutdown, and [`run`], the `kvferry engine` entry point (adds SIGTERM/Ctrl-C).
 
@@ -13,7 +13,7 @@ use kvferry_layout::BlockHash;
 use kvferry_proto::v1::daemon_command::Command;
 use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::reference_engine_server::ReferenceEngineServer;
-use kvferry_proto::v1::{DaemonCommand, PoolLayoutSpec};
+use kvferry_proto::v1::{DaemonCommand, NixlAccess, PoolLayoutSpec, ShmAccess, register_pool_request};
 use tokio::net::UnixListener;
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{UnboundedReceiverStream, UnixListenerStream};
 use tonic::Streaming;
 
-use crate::config::{EngineArgs, NodeConfig};
+use crate::config::{EngineArgs, NodeConfig, PoolAccess};
 use crate::daemon::{EventSink, Registration, connect_uds, engine_socket, profile_msg, register, share_pool};
 use crate::error::NodeError;
 use crate::memory::{ShmKvMemory, layout_spec};
@@ -59,17 +59,27 @@ pub struct EngineNode {
 /// What the worker thread hands back after building the engine and sharing the pool.
 #[derive(Debug)]
 struct Built {
-    pool_token: String,
-    pool_stream: StdUnixStream,
+    access: register_pool_request::Access,
+    /// The `pool.sock` connection (shm pools only), kept open while the daemon may map the pool.
+    pool_stream: Option<StdUnixStream>,
     layout: PoolLayoutSpec,
     profile: Option<CoreProfile>,
     local_fingerprint: Vec<u8>,
 }
 
-/// Builds the core over a fresh shared pool and measures its prefill profile.
+/// The engine's NIXL agent name: unique per engine id and process.
+pub fn nixl_agent_name(cfg: &NodeConfig) -> String {
+    format!("kvferry-engine-{}-{}", cfg.engine_id, std::process::id())
+}
+
+/// Builds the core over a fresh shared pool (registered with the engine's NIXL agent when
+/// `cfg.pool` is [`PoolAccess::Nixl`]) and measures its prefill profile.
 pub fn build_engine(cfg: &NodeConfig) -> Result<Engine<ShmKvMemory>, NodeError> {
     let kv = KvLayout::for_model(&cfg.model, cfg.num_blocks).map_err(|e| NodeError::Config(e.to_string()))?;
-    let mem = ShmKvMemory::create(&kv)?;
+    let mut mem = ShmKvMemory::create(&kv)?;
+    if cfg.pool == PoolAccess::Nixl {
+        mem.export_nixl(&nixl_agent_name(cfg))?;
+    }
     let mut engine = Engine::new(cfg.model.clone(), cfg.num_blocks, mem)?;
     let t0 = Instant::now();
     let p = engine.measure_profile(&cfg.fitted_profile())?;
@@ -92,14 +102,28 @@ fn worker_thread(
 ) {
     let model_id = cfg.model_id();
     let built = build_engine(&cfg).and_then(|engine| {
-        let shm = engine.pool().memory().shm();
-        let (pool_token, pool_stream) = share_pool(&cfg.run_dir, shm, &model_id, cfg.rpc_timeout)?;
+        let mem = engine.pool().memory();
+        let shm = mem.shm();
+        let (access, pool_stream) = match cfg.pool {
+            PoolAccess::Shm => {
+                let (pool_token, stream) = share_pool(&cfg.run_dir, shm, &model_id, cfg.rpc_timeout)?;
+                (register_pool_request::Access::Shm(ShmAccess { pool_token }), Some(stream))
+            }
+            PoolAccess::Nixl => {
+                let export =
+                    mem.nixl_export().ok_or_else(|| NodeError::Pool("the pool was not exported through NIXL".into()))?;
+                let desc = export.descriptor().map_err(|e| NodeError::Pool(format!("NIXL: describe the pool: {e}")))?;
+                tracing::info!(agent = %desc.agent_name, regions = desc.regions.len(), "pool registered with NIXL");
+                let descriptor_json = desc.to_json().into_bytes();
+                (register_pool_request::Access::Nixl(NixlAccess { descriptor_json }), None)
+            }
+        };
         let digest = shm.fingerprint(&model_id).digest();
         let local_fingerprint = (0..digest.len() / 2)
             .filter_map(|i| u8::from_str_radix(&digest[2 * i..2 * i + 2], 16).ok())
             .collect();
         let b = Built {
-            pool_token,
+            access,
             pool_stream,
             layout: layout_spec(engine.layout()),
             profile: engine.profile().cloned(),
@@ -177,7 +201,7 @@ impl EngineNode {
             engine_id: cfg.engine_id.clone(),
             model_id: model_id.clone(),
             layout: built.layout,
-            pool_token: built.pool_token,
+            access: built.access,
             profile: profile_msg(built.profile.as_ref()),
         };
         let resp = within(cfg.rpc_timeout, "RegisterPool", register(&mut client, &reg), reg_err).await?;
@@ -270,7 +294,7 @@ struct Parts {
     server_stop: oneshot::Sender<()>,
     reporter: JoinHandle<()>,
     worker: std::thread::JoinHandle<()>,
-    pool_stream: StdUnixStream,
+    pool_stream: Option<StdUnixStream>,
     control: PathBuf,
 }
 
