@@ -281,16 +281,18 @@ async fn two_regions_end_to_end() {
     let bytes_per_token = plan.bytes_per_token;
     assert!(bytes_per_token > 0.0, "{plan:?}");
     let mut req = request("s-split", &convo3, PolicyMode::Auto);
+    // Cap egress at a quarter of the prefix: a full fetch is infeasible, and recomputing the head
+    // while fetching the tail beats recomputing everything on any plausible link.
     req.policy = Some(Policy {
         mode: PolicyMode::Auto as i32,
         allow_split: true,
-        max_egress_bytes: (bytes_per_token * 320.0) as u64,
+        max_egress_bytes: (bytes_per_token * 160.0) as u64,
     });
     let (d, r) = migrate(&mut router_b, req).await;
     assert_eq!(d.action, "split", "{d:?}");
-    assert!(d.split_recompute_tokens >= 304 && d.split_recompute_tokens % 16 == 0, "{d:?}");
+    assert!(d.split_recompute_tokens >= 480 && d.split_recompute_tokens % 16 == 0, "{d:?}");
     assert_eq!(r.action, "split");
-    assert!(r.bytes_moved > 0 && r.bytes_moved as f64 <= bytes_per_token * 320.0 + 1.0, "{r:?}");
+    assert!(r.bytes_moved > 0 && r.bytes_moved as f64 <= bytes_per_token * 160.0 + 1.0, "{r:?}");
     assert_warm_equals_cold(&mut b, &convo3, 624).await;
 
     // 4. Bad requests get the right status, and the daemon keeps serving.
@@ -333,7 +335,7 @@ async fn two_regions_end_to_end() {
     assert!(matches!(code, Code::DeadlineExceeded | Code::Cancelled), "{code:?}");
     let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     assert_eq!(links.links.len(), 1);
-    assert!(links.links[0].samples >= 1, "the fetches fed the estimator: {links:?}");
+    assert!(links.links[0].connected && links.links[0].rtt_ms > 0.0, "live link figures: {links:?}");
 
     // 5. 64 concurrent migrations (fresh sessions) all complete correctly.
     let mut sessions = Vec::new();
@@ -383,8 +385,9 @@ async fn two_regions_end_to_end() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "python client failed: {text} {}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_str(text.trim()).unwrap();
-    assert_eq!(v["plan_action"], "fetch", "{v}");
-    assert_eq!(v["receipt_action"], "fetch", "{v}");
+    // The action follows the live link estimate; either way the prefix is ready afterwards.
+    assert!(v["plan_action"] == "fetch" || v["plan_action"] == "recompute", "{v}");
+    assert_eq!(v["receipt_action"], v["plan_action"], "{v}");
     assert_eq!(v["tokens_ready"], 192, "{v}");
     assert_eq!(v["events"][0], "decision", "{v}");
     assert_eq!(v["bad_request_code"], "INVALID_ARGUMENT", "{v}");
@@ -404,11 +407,15 @@ async fn two_regions_end_to_end() {
 
 /// An engine reports its blocks to its daemon asynchronously: wait until `router`'s plan for
 /// `req` sees them in the source region.
+/// Waits until the source region's daemon knows its engine's blocks for this prefix (engines
+/// report stored blocks asynchronously). Decisions are not asserted here: they follow the live
+/// link estimate.
 async fn wait_for_fetch_plan(router: &mut MigrationClient<Channel>, req: &MigrateSessionRequest) {
     let t = Instant::now();
+    let full_blocks = (req.token_ids.len() / 16 * 16) as u64;
     loop {
         let plan = router.plan_migration(req.clone()).await.unwrap().into_inner();
-        if plan.action == "fetch" {
+        if plan.source_tokens >= full_blocks || plan.action == "already_local" {
             return;
         }
         assert!(t.elapsed() < Duration::from_secs(10), "the source's blocks never became visible: {plan:?}");

@@ -22,6 +22,9 @@ use crate::plan::{Planned, Prepared};
 
 type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
 
+/// Smallest fetch whose goodput feeds the link estimator.
+const GOODPUT_SAMPLE_MIN_BYTES: u64 = 4 << 20;
+
 /// Runs the plan; returns the receipt.
 pub async fn execute(
     shared: &Arc<Shared>,
@@ -217,7 +220,12 @@ async fn fetch(
     shared
         .landing
         .commit(reservation, landed_blocks(&p.tenant, p.engine.digest, &hashes, sink.into_blocks()));
-    shared.links.record_goodput(&src, r.bytes, r.wall.as_secs_f64());
+    // Goodput samples from transfers big enough to measure the pipe rather than the fixed costs,
+    // with the request's round trip taken out (the model adds the RTT separately).
+    if r.bytes >= GOODPUT_SAMPLE_MIN_BYTES {
+        let secs = (r.wall.as_secs_f64() - r.rtt.as_secs_f64()).max(1e-6);
+        shared.links.record_goodput(&src, r.bytes, secs);
+    }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
     Ok(r)
 }
