@@ -11,7 +11,7 @@ use crate::blocks::{BlockAllocator, BlockTable, blocks_for};
 use crate::config::ModelConfig;
 use crate::error::{EngineError, FingerprintMismatch, OutOfBlocks};
 use crate::forward::{Model, forward};
-use crate::hash::{PublishedBlock, block_hashes_local_copy, hex};
+use crate::hash::{PublishedBlock, block_keys, hex};
 use crate::kv::{BLOCK_SIZE, KvLayout, KvMemory, KvPool, VecMemory};
 use crate::math::{argmax, rope_inv_freq};
 use crate::profile::{PrefillProfile, ProfileClock, ProfileOptions, ProfilePoint, Stopwatch, median};
@@ -343,7 +343,7 @@ impl<M: KvMemory> Engine<M> {
     /// The full, computed blocks of `seq` under tenant `salt`: content key → physical id.
     pub fn published_blocks(&self, seq: &Sequence, salt: &[u8]) -> Vec<PublishedBlock> {
         let full = seq.computed / BLOCK_SIZE;
-        block_hashes_local_copy(salt, &seq.tokens[..full * BLOCK_SIZE], BLOCK_SIZE)
+        block_keys(salt, &seq.tokens[..full * BLOCK_SIZE], BLOCK_SIZE)
             .into_iter()
             .zip(seq.table.blocks())
             .map(|(hash, &block_id)| PublishedBlock { hash, block_id })

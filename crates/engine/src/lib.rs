@@ -38,7 +38,7 @@ pub use engine::{
     BlockOffer, Engine, EngineFingerprint, PrefixOutcome, Sequence, accept_blocks, matchable_tokens,
 };
 pub use error::{ConfigError, EngineError, FingerprintMismatch, OutOfBlocks, PoolError};
-pub use hash::{BlockHash, PublishedBlock, block_hashes_local_copy};
+pub use hash::{BlockHash, PublishedBlock, block_keys};
 pub use kv::{BLOCK_SIZE, KvLayout, KvMemory, KvPool, Plane, SliceMemory, VecMemory};
 pub use profile::{PrefillProfile, ProfileClock, ProfileOptions, ProfilePoint};
 pub use weights::Weights;
