@@ -78,9 +78,10 @@ impl ChunkPlan {
         let groups = self.block_groups();
         let (lg, bg) = (id / groups, id % groups);
         let l0 = lg * self.layers_per_chunk;
-        let l1 = (l0 + self.layers_per_chunk).min(self.layers);
+        let l1 = l0.saturating_add(self.layers_per_chunk).min(self.layers);
         let b0 = bg * self.blocks_per_chunk;
-        let b1 = (b0 + self.blocks_per_chunk).min(self.blocks);
+        // Saturating: the last group's nominal end can pass u32::MAX when blocks is near it.
+        let b1 = b0.saturating_add(self.blocks_per_chunk).min(self.blocks);
         let len = u64::from(b1 - b0) * u64::from(l1 - l0) * self.bytes_per_block_layer;
         Some(ChunkSpec { id, blocks: (b0, b1), layers: (l0, l1), len })
     }
@@ -138,5 +139,10 @@ mod tests {
         // Totals that overflow are refused, not wrapped (found by fuzz_owner::chunk_plan_is_total).
         assert!(ChunkPlan::new(u32::MAX, u32::MAX, 1 << 30, 0).is_none());
         assert!(ChunkPlan::new(u32::MAX, u32::MAX, MAX_CHUNK + 1, 0).is_none());
+        // The last block group's nominal end is 2^32 (found by fuzz_owner in CI, seed
+        // 146203412413880193896276673902619886935): it must clamp, not overflow.
+        let p = ChunkPlan::new(4_244_635_648, 16_777_216, 1, 64 << 20).unwrap();
+        let last = p.chunk(p.count() - 1).unwrap();
+        assert_eq!(last.blocks, (63 * (64 << 20), 4_244_635_648));
     }
 }
