@@ -1,0 +1,123 @@
+//! The bench's results: plain data, serialised as JSON, rendered as Markdown, and checked for
+//! consistency (a report that does not add up fails the bench; timings never do).
+
+use serde::{Deserialize, Serialize};
+
+/// The emulated link a point was measured on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkSpec {
+    /// Preset name, e.g. `1gbit-50ms`.
+    pub profile: String,
+    /// Bottleneck rate, bits/s (IP bytes).
+    pub rate_bps: f64,
+    /// Round-trip time, seconds.
+    pub rtt_s: f64,
+    /// Random loss per direction, fraction (0.001 = 0.1 %).
+    pub loss: f64,
+}
+
+/// One kvferry fetch of a session of a given size, daemon to daemon through the emulator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransferPoint {
+    pub link: LinkSpec,
+    /// KV bytes of the session (what the engine pool holds for the prefix).
+    pub session_bytes: u64,
+    pub tokens: u64,
+    /// Wall time of the fetch as the target daemon measured it (receipt), seconds.
+    pub wall_s: f64,
+    /// Achieved goodput, bits/s (session bytes × 8 / wall).
+    pub goodput_bps: f64,
+    /// The model's fetch time for these bytes on this link (RTT + bytes / rate), seconds.
+    pub model_fetch_s: f64,
+    /// The model's goodput (bytes × 8 / model_fetch_s), bits/s.
+    pub model_goodput_bps: f64,
+    /// What the daemon predicted before moving (from its live estimate), seconds.
+    pub daemon_predicted_s: f64,
+    /// Time until the first layer had landed, seconds.
+    pub first_layer_s: f64,
+    /// CPU seconds per GiB moved, source daemon and target daemon.
+    pub cpu_s_per_gib_source: f64,
+    pub cpu_s_per_gib_target: f64,
+    /// Staging memory high-water mark, bytes, source and target.
+    pub staging_bytes_source: u64,
+    pub staging_bytes_target: u64,
+    /// The target engine's pool holds byte-identical blocks after loading them.
+    pub verified: bool,
+}
+
+/// One baseline transfer of `bytes` on the same emulated link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselinePoint {
+    pub link: LinkSpec,
+    /// `quinn-defaults`, `tcp-tls`, `nixl-ucx-tcp`.
+    pub name: String,
+    pub bytes: u64,
+    pub wall_s: f64,
+    pub goodput_bps: f64,
+    pub cpu_s_sender: f64,
+    pub cpu_s_receiver: f64,
+    /// The receiver checked every byte it got against what the sender sent.
+    pub verified: bool,
+    /// Anything the reader should know (e.g. why a baseline could not run).
+    pub note: String,
+}
+
+/// One decision: the daemon decided from live estimates, then both actions were executed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionPoint {
+    pub link: LinkSpec,
+    pub prefix_tokens: u64,
+    /// `fetch` or `recompute` (what the daemon chose under policy auto without split).
+    pub chosen: String,
+    pub predicted_fetch_s: f64,
+    pub predicted_recompute_s: f64,
+    pub measured_fetch_s: f64,
+    pub measured_recompute_s: f64,
+    /// The model's crossover on this link, tokens (None: fetch never pays).
+    pub modeled_crossover_tokens: Option<f64>,
+}
+
+/// The split measured against both pure actions at one prefix length.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SplitPoint {
+    pub link: LinkSpec,
+    pub prefix_tokens: u64,
+    /// Tokens the split recomputed (the rest were fetched).
+    pub split_recompute_tokens: u64,
+    pub predicted_split_s: f64,
+    pub measured_split_s: f64,
+    pub measured_fetch_s: f64,
+    pub measured_recompute_s: f64,
+}
+
+/// Decision quality over a set of points (see [`crate::stats::summarize`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecisionSummary {
+    pub profile: String,
+    pub n: usize,
+    /// Share of decisions that picked the faster measured action.
+    pub accuracy: f64,
+    /// Mean of chosen ÷ best − 1.
+    pub mean_regret: f64,
+    pub worst_regret: f64,
+}
+
+/// Everything one `kvferry bench` run measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// The exact command line.
+    pub command: String,
+    /// Unix seconds at start.
+    pub started_unix: u64,
+    /// CPUs, memory, kernel: where it ran.
+    pub host: String,
+    pub quick: bool,
+    pub transfers: Vec<TransferPoint>,
+    pub baselines: Vec<BaselinePoint>,
+    pub decisions: Vec<DecisionPoint>,
+    /// Per profile and overall (`profile == "all"`).
+    pub decision_summary: Vec<DecisionSummary>,
+    pub splits: Vec<SplitPoint>,
+    /// Targets missed and what limits them, and anything else worth reading.
+    pub notes: Vec<String>,
+}
