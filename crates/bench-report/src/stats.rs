@@ -1,0 +1,1 @@
+//! Decision quality: accuracy and regret (being written).

@@ -1,1 +1,0 @@
-//! TODO(bench): being written.
