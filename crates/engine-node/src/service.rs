@@ -3,7 +3,7 @@
 //! `NodeError::to_status` only.
 
 use kvferry_proto::v1::reference_engine_server::ReferenceEngine;
-use kvferry_proto::v1::{GenerateRequest, GenerateResponse};
+use kvferry_proto::v1::{GenerateRequest, GenerateResponse, PrefixDigestResponse, PrefixRequest};
 use tonic::{Request, Response, Status};
 
 use crate::worker::JobQueue;
@@ -47,5 +47,22 @@ impl ReferenceEngine for ControlService {
                 Err(e.to_status())
             }
         }
+    }
+
+    async fn fill(&self, request: Request<PrefixRequest>) -> Result<Response<PrefixDigestResponse>, Status> {
+        let req = request.into_inner();
+        let (tenant, tokens) = (req.tenant.clone(), req.token_ids.len());
+        let resp = self.jobs.fill(req).await.map_err(|e| e.to_status())?;
+        tracing::info!(tenant, tokens, bytes = resp.bytes, seconds = resp.seconds, "fill (synthetic KV)");
+        Ok(Response::new(resp))
+    }
+
+    async fn prefix_digest(
+        &self,
+        request: Request<PrefixRequest>,
+    ) -> Result<Response<PrefixDigestResponse>, Status> {
+        let req = request.into_inner();
+        let resp = self.jobs.prefix_digest(req).await.map_err(|e| e.to_status())?;
+        Ok(Response::new(resp))
     }
 }

@@ -15,10 +15,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use kvferry_engine::Plane;
 use kvferry_engine::{BLOCK_SIZE, Engine, EngineError, PrefillProfile as CoreProfile, Sequence};
 use kvferry_layout::{BlockHash, block_hashes};
 use kvferry_proto::v1::engine_client::EngineClient;
-use kvferry_proto::v1::{GenerateRequest, GenerateResponse, LoadRequest, LookupRequest, Recompute};
+use kvferry_proto::v1::{
+    GenerateRequest, GenerateResponse, LoadRequest, LookupRequest, PrefixDigestResponse, PrefixRequest,
+    Recompute,
+};
 use sha2::{Digest, Sha256};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, oneshot};
@@ -46,6 +50,20 @@ pub enum Job {
     Recompute(Recompute),
     /// The daemon's eviction hint (hashes).
     Evict(Vec<BlockHash>),
+    /// Store synthetic KV for a prompt's full blocks (bench support).
+    Fill {
+        /// The prompt.
+        req: PrefixRequest,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<PrefixDigestResponse, NodeError>>,
+    },
+    /// Digest of the ready prefix's KV bytes.
+    PrefixDigest {
+        /// The prompt.
+        req: PrefixRequest,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<PrefixDigestResponse, NodeError>>,
+    },
 }
 
 /// Busy time of the worker: finished jobs plus the running one.
@@ -129,6 +147,12 @@ impl Worker {
                     let _ = reply.send(self.generate(req));
                 }
                 Job::Recompute(cmd) => self.recompute(cmd),
+                Job::Fill { req, reply } => {
+                    let _ = reply.send(self.fill(req));
+                }
+                Job::PrefixDigest { req, reply } => {
+                    let _ = reply.send(self.prefix_digest(req));
+                }
                 Job::Evict(hashes) => {
                     let gone = self.cache.evict_hashes(&hashes);
                     self.free_evicted(gone);
@@ -362,6 +386,84 @@ impl Worker {
         }
     }
 
+    /// SHA-256 over the pool bytes of `blocks` (each: every layer's K then V).
+    fn digest_blocks(&self, blocks: &[u32]) -> Result<Vec<u8>, NodeError> {
+        let pool = self.engine.pool();
+        let mut h = Sha256::new();
+        for &b in blocks {
+            for l in 0..self.engine.layout().layers {
+                h.update(pool.block(l, Plane::K, b).map_err(EngineError::from)?);
+                h.update(pool.block(l, Plane::V, b).map_err(EngineError::from)?);
+            }
+        }
+        Ok(h.finalize().to_vec())
+    }
+
+    /// Bench support: the prompt's full blocks get synthetic KV — bytes from an xorshift
+    /// stream seeded by each block's hash, so any region can regenerate them — and are cached
+    /// and published exactly like computed blocks.
+    fn fill(&mut self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
+        self.check_tokens(&req.token_ids)?;
+        let t0 = Instant::now();
+        let full = req.token_ids.len() / BLOCK_SIZE;
+        if full == 0 {
+            return Err(NodeError::InvalidRequest(format!(
+                "Fill needs at least one full block ({BLOCK_SIZE} tokens)"
+            )));
+        }
+        let tokens = &req.token_ids[..full * BLOCK_SIZE];
+        let hashes = block_hashes(req.tenant.as_bytes(), tokens, BLOCK_SIZE as u32);
+        let p = self.prepare(&req.tenant, tokens, 0, false, false)?;
+        let mut seq = p.seq;
+        let blocks = seq.table().blocks().to_vec();
+        let layers = self.engine.layout().layers;
+        for (hash, &b) in hashes.iter().zip(&blocks) {
+            let mut x = u64::from_le_bytes(hash[..8].try_into().expect("8 bytes")) | 1;
+            for l in 0..layers {
+                for plane in [Plane::K, Plane::V] {
+                    let dst = self.engine.pool_mut().block_mut(l, plane, b).map_err(EngineError::from)?;
+                    for w in dst.chunks_mut(8) {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        w.copy_from_slice(&x.to_le_bytes()[..w.len()]);
+                    }
+                }
+            }
+        }
+        let digest = self.digest_blocks(&blocks)?;
+        if let Err(e) = self.engine.mark_loaded(&mut seq, tokens.len()) {
+            self.finish(&req.tenant, seq, p.shared, false);
+            return Err(e.into());
+        }
+        self.finish(&req.tenant, seq, p.shared, true);
+        Ok(PrefixDigestResponse {
+            tokens: tokens.len() as u64,
+            digest,
+            bytes: (blocks.len() * self.engine.layout().payload_bytes()) as u64,
+            loaded_tokens: 0,
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
+    /// The digest of the ready prefix (own cache, then the daemon's Load), computing nothing.
+    fn prefix_digest(&mut self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
+        self.check_tokens(&req.token_ids)?;
+        let t0 = Instant::now();
+        let p = self.prepare(&req.tenant, &req.token_ids, 0, true, false)?;
+        let ready = p.reused_tokens / BLOCK_SIZE;
+        let blocks = p.seq.table().blocks()[..ready].to_vec();
+        let digest = self.digest_blocks(&blocks);
+        self.finish(&req.tenant, p.seq, p.shared, true);
+        Ok(PrefixDigestResponse {
+            tokens: (ready * BLOCK_SIZE) as u64,
+            digest: digest?,
+            bytes: (ready * self.engine.layout().payload_bytes()) as u64,
+            loaded_tokens: ((ready - p.shared) * BLOCK_SIZE) as u64,
+            seconds: t0.elapsed().as_secs_f64(),
+        })
+    }
+
     fn recompute(&mut self, cmd: Recompute) {
         let t0 = Instant::now();
         let res = self.check_tokens(&cmd.token_ids).and_then(|()| {
@@ -412,6 +514,20 @@ impl JobQueue {
             self.shared.queued.fetch_sub(1, Ordering::Relaxed);
             NodeError::WorkerGone("job queue closed".into())
         })
+    }
+
+    /// Runs a Fill on the worker and waits for its answer.
+    pub async fn fill(&self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Fill { req, reply })?;
+        rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
+    }
+
+    /// Runs a PrefixDigest on the worker and waits for its answer.
+    pub async fn prefix_digest(&self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::PrefixDigest { req, reply })?;
+        rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
     }
 
     /// Runs a Generate on the worker and waits for its answer.

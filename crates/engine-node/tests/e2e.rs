@@ -241,3 +241,44 @@ async fn refused_pool_and_daemon_going_away() {
     assert!(matches!(r, Err(NodeError::DaemonGone(_))), "{r:?}");
     assert!(!a.info().control.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filled_blocks_travel_byte_identical_and_digests_agree() {
+    use kvferry_proto::v1::PrefixRequest;
+    let d = daemon().await;
+    let mut a = EngineNode::start(config(&d, "a", 64)).await.unwrap();
+    let mut b = EngineNode::start(config(&d, "b", 64)).await.unwrap();
+    let la = a.info().lease_id.clone();
+    let (mut ca, mut cb) = (client(&a.info().control).await, client(&b.info().control).await);
+    let req = |tokens: &[u32]| PrefixRequest { tenant: "t1".into(), token_ids: tokens.to_vec() };
+    let p = prompt(100, 3); // 6 full blocks + 4 tokens
+    let filled = ca.fill(req(&p)).await.unwrap().into_inner();
+    assert_eq!((filled.tokens, filled.loaded_tokens), (96, 0));
+    let payload = KvLayout::for_model(&model(), 64).unwrap().payload_bytes() as u64;
+    assert_eq!(filled.bytes, 6 * payload);
+    d.wait_for(5, "A's BlockStored", |c| {
+        c.iter().any(|c| matches!(c, Call::Stored { lease, blocks: 6, .. } if *lease == la))
+    })
+    .await;
+    assert_eq!(d.absorb(&la), 6);
+    // A's own digest of what it holds equals what Fill reported.
+    let again = ca.prefix_digest(req(&p)).await.unwrap().into_inner();
+    assert_eq!((again.tokens, again.digest.clone(), again.loaded_tokens), (96, filled.digest.clone(), 0));
+    // B takes the blocks through the daemon's Load: same bytes.
+    let got = cb.prefix_digest(req(&p)).await.unwrap().into_inner();
+    assert_eq!((got.tokens, got.loaded_tokens, got.bytes), (96, 96, 6 * payload));
+    assert_eq!(got.digest, filled.digest);
+    // Another tenant's fill of the same tokens is other bytes (hash-seeded).
+    let other = ca.fill(PrefixRequest { tenant: "t2".into(), token_ids: p.clone() }).await.unwrap();
+    assert_ne!(other.into_inner().digest, filled.digest);
+    // Bad input: typed statuses, the engine keeps serving.
+    let short = ca.fill(req(&p[..10])).await.unwrap_err();
+    assert_eq!(short.code(), Code::InvalidArgument, "{short}");
+    let oov = ca.fill(req(&[5000; 32])).await.unwrap_err();
+    assert_eq!(oov.code(), Code::InvalidArgument, "{oov}");
+    assert_eq!(ca.prefix_digest(req(&p)).await.unwrap().into_inner().digest, filled.digest);
+    a.shutdown();
+    b.shutdown();
+    a.wait().await.unwrap();
+    b.wait().await.unwrap();
+}
