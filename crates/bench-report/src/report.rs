@@ -121,3 +121,30 @@ pub struct BenchReport {
     /// Targets missed and what limits them, and anything else worth reading.
     pub notes: Vec<String>,
 }
+
+/// The prefix of [`BaselinePoint::note`] that marks a baseline that could not run.
+pub const SKIPPED_PREFIX: &str = "skipped:";
+
+impl BaselinePoint {
+    /// A baseline that could not run on this host (its tool or library is missing, …): not
+    /// verified, no bytes, no time, and a note `skipped: <reason>`. [`crate::check::check`]
+    /// accepts it; the Markdown shows it with its reason.
+    pub fn skipped(link: LinkSpec, name: &str, reason: &str) -> Self {
+        BaselinePoint {
+            link,
+            name: name.to_owned(),
+            bytes: 0,
+            wall_s: 0.0,
+            goodput_bps: 0.0,
+            cpu_s_sender: 0.0,
+            cpu_s_receiver: 0.0,
+            verified: false,
+            note: format!("{SKIPPED_PREFIX} {reason}"),
+        }
+    }
+
+    /// This baseline did not run: not verified, `wall_s == 0` and a note starting `skipped:`.
+    pub fn is_skipped(&self) -> bool {
+        !self.verified && self.wall_s == 0.0 && self.note.starts_with(SKIPPED_PREFIX)
+    }
+}

@@ -1,1 +1,289 @@
-//! Decision quality: accuracy and regret (being written).
+//! Decision quality: did the daemon pick the action that measured faster, and what did a wrong
+//! pick cost?
+//!
+//! For one [`DecisionPoint`] the *best* time is the smaller of the two measured times; the
+//! *chosen* time is the measured time of the action the daemon chose. A decision is **correct**
+//! when the chosen time equals the best (a tie counts as correct, whichever was chosen). Its
+//! **regret** is `chosen / best − 1` (0 for a correct decision).
+//!
+//! Edge cases, defined rather than left to floating point:
+//! - a `chosen` other than `"fetch"` or `"recompute"` is always wrong, and is charged the slower of
+//!   the two measured times;
+//! - the regret is 0 when the best time is 0 or not finite, or when the chosen time is not finite
+//!   (such points are reported by [`crate::check::check`]; a regret derived from them would be
+//!   meaningless), and it is never negative;
+//! - an empty set of points summarises to `n = 0`, `accuracy = 0`, `mean_regret = 0`,
+//!   `worst_regret = 0` (never NaN).
+
+use crate::report::{DecisionPoint, DecisionSummary};
+
+/// The profile name of the summary over every point.
+pub const ALL_PROFILES: &str = "all";
+
+/// The action that measured faster at one decision point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Winner {
+    /// Fetching the KV cache was faster.
+    Fetch,
+    /// Recomputing the prefix was faster.
+    Recompute,
+    /// Both measured the same (either choice is correct).
+    Tie,
+}
+
+impl Winner {
+    /// `fetch`, `recompute` or `tie`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Winner::Fetch => "fetch",
+            Winner::Recompute => "recompute",
+            Winner::Tie => "tie",
+        }
+    }
+}
+
+/// How one decision turned out, measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// The faster action, measured.
+    pub winner: Winner,
+    /// `min(measured_fetch_s, measured_recompute_s)`.
+    pub best_s: f64,
+    /// The measured time of the chosen action (the slower one for an unknown `chosen`).
+    pub chosen_s: f64,
+    /// The chosen action was (one of) the fastest.
+    pub correct: bool,
+    /// `chosen_s / best_s − 1`, ≥ 0 (see the module docs for the guards).
+    pub regret: f64,
+}
+
+/// Evaluates one decision point (see the module docs for the definitions).
+pub fn outcome(p: &DecisionPoint) -> Outcome {
+    let (f, r) = (p.measured_fetch_s, p.measured_recompute_s);
+    let best_s = f.min(r);
+    let winner = if f < r {
+        Winner::Fetch
+    } else if r < f {
+        Winner::Recompute
+    } else {
+        Winner::Tie
+    };
+    let (chosen_s, known) = match p.chosen.as_str() {
+        "fetch" => (f, true),
+        "recompute" => (r, true),
+        _ => (f.max(r), false),
+    };
+    let correct = known && chosen_s == best_s;
+    let regret = if correct || !(best_s.is_finite() && best_s > 0.0 && chosen_s.is_finite()) {
+        0.0
+    } else {
+        (chosen_s / best_s - 1.0).max(0.0)
+    };
+    Outcome { winner, best_s, chosen_s, correct, regret }
+}
+
+/// Decision quality of `points`, labelled `profile`: accuracy (share correct), mean and worst
+/// regret. `n = 0` gives accuracy 0 and regrets 0.
+pub fn summarize(profile: &str, points: &[&DecisionPoint]) -> DecisionSummary {
+    let n = points.len();
+    if n == 0 {
+        return DecisionSummary {
+            profile: profile.to_owned(),
+            n: 0,
+            accuracy: 0.0,
+            mean_regret: 0.0,
+            worst_regret: 0.0,
+        };
+    }
+    let mut correct = 0usize;
+    let mut sum = 0.0f64;
+    let mut worst = 0.0f64;
+    for p in points {
+        let o = outcome(p);
+        correct += usize::from(o.correct);
+        sum += o.regret;
+        worst = worst.max(o.regret);
+    }
+    DecisionSummary {
+        profile: profile.to_owned(),
+        n,
+        accuracy: correct as f64 / n as f64,
+        // The rounding of a sum of equal values can put the mean an ulp above them.
+        mean_regret: (sum / n as f64).min(worst),
+        worst_regret: worst,
+    }
+}
+
+/// One summary per link profile, in the order profiles first appear in `points`, then one over
+/// every point with profile [`ALL_PROFILES`] (always present, `n = 0` for no points).
+pub fn summaries(points: &[DecisionPoint]) -> Vec<DecisionSummary> {
+    let mut order: Vec<&str> = Vec::new();
+    for p in points {
+        if !order.contains(&p.link.profile.as_str()) {
+            order.push(&p.link.profile);
+        }
+    }
+    let mut out: Vec<DecisionSummary> = order
+        .iter()
+        .map(|prof| {
+            let group: Vec<&DecisionPoint> = points.iter().filter(|p| p.link.profile == *prof).collect();
+            summarize(prof, &group)
+        })
+        .collect();
+    let all: Vec<&DecisionPoint> = points.iter().collect();
+    out.push(summarize(ALL_PROFILES, &all));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::LinkSpec;
+    use proptest::prelude::*;
+
+    fn point(profile: &str, chosen: &str, f: f64, r: f64) -> DecisionPoint {
+        DecisionPoint {
+            link: LinkSpec { profile: profile.into(), rate_bps: 1e9, rtt_s: 0.05, loss: 0.0 },
+            prefix_tokens: 4096,
+            chosen: chosen.into(),
+            predicted_fetch_s: f,
+            predicted_recompute_s: r,
+            measured_fetch_s: f,
+            measured_recompute_s: r,
+            modeled_crossover_tokens: Some(2000.0),
+        }
+    }
+
+    #[test]
+    fn right_choice_has_no_regret() {
+        let o = outcome(&point("a", "fetch", 1.0, 2.0));
+        assert!(o.correct);
+        assert_eq!(o.winner, Winner::Fetch);
+        assert_eq!(o.regret, 0.0);
+        let o = outcome(&point("a", "recompute", 3.0, 2.0));
+        assert!(o.correct);
+        assert_eq!(o.winner, Winner::Recompute);
+        assert_eq!(o.regret, 0.0);
+    }
+
+    #[test]
+    fn wrong_choice_regret_is_ratio_minus_one() {
+        let o = outcome(&point("a", "recompute", 1.0, 3.0));
+        assert!(!o.correct);
+        assert_eq!(o.chosen_s, 3.0);
+        assert!((o.regret - 2.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn tie_is_correct_either_way() {
+        for c in ["fetch", "recompute"] {
+            let o = outcome(&point("a", c, 2.0, 2.0));
+            assert!(o.correct);
+            assert_eq!(o.winner, Winner::Tie);
+            assert_eq!(o.regret, 0.0);
+        }
+    }
+
+    #[test]
+    fn unknown_choice_is_wrong_and_charged_the_worst() {
+        let o = outcome(&point("a", "split", 1.0, 4.0));
+        assert!(!o.correct);
+        assert_eq!(o.chosen_s, 4.0);
+        assert!((o.regret - 3.0).abs() < 1e-12);
+        // Even on a tie.
+        let o = outcome(&point("a", "", 2.0, 2.0));
+        assert!(!o.correct);
+        assert_eq!(o.regret, 0.0);
+    }
+
+    #[test]
+    fn degenerate_times_give_zero_regret() {
+        assert_eq!(outcome(&point("a", "recompute", 0.0, 1.0)).regret, 0.0);
+        assert_eq!(outcome(&point("a", "recompute", f64::NAN, 1.0)).regret, 0.0);
+        assert_eq!(outcome(&point("a", "recompute", 1.0, f64::INFINITY)).regret, 0.0);
+    }
+
+    #[test]
+    fn empty_is_defined() {
+        let s = summarize("x", &[]);
+        assert_eq!(
+            s,
+            DecisionSummary { profile: "x".into(), n: 0, accuracy: 0.0, mean_regret: 0.0, worst_regret: 0.0 }
+        );
+        let all = summaries(&[]);
+        assert_eq!(all.len(), 1);
+        assert_eq!(all[0].profile, ALL_PROFILES);
+        assert_eq!(all[0].n, 0);
+    }
+
+    #[test]
+    fn summaries_group_in_first_seen_order() {
+        let pts = vec![
+            point("b", "fetch", 1.0, 2.0),
+            point("a", "fetch", 3.0, 1.0),
+            point("b", "recompute", 1.0, 1.5),
+            point("a", "recompute", 3.0, 1.0),
+        ];
+        let s = summaries(&pts);
+        let names: Vec<&str> = s.iter().map(|s| s.profile.as_str()).collect();
+        assert_eq!(names, ["b", "a", "all"]);
+        assert_eq!(s[0].n, 2);
+        assert!((s[0].accuracy - 0.5).abs() < 1e-12);
+        assert!((s[0].mean_regret - 0.25).abs() < 1e-12);
+        assert!((s[0].worst_regret - 0.5).abs() < 1e-12);
+        assert!((s[1].accuracy - 0.5).abs() < 1e-12);
+        assert!((s[1].worst_regret - 2.0).abs() < 1e-12);
+        assert_eq!(s[2].n, 4);
+        assert!((s[2].accuracy - 0.5).abs() < 1e-12);
+        assert!((s[2].mean_regret - 2.5 / 4.0).abs() < 1e-12);
+        assert!((s[2].worst_regret - 2.0).abs() < 1e-12);
+    }
+
+    fn arb_point() -> impl Strategy<Value = DecisionPoint> {
+        (
+            prop::sample::select(vec!["p1", "p2", "p3"]),
+            prop::sample::select(vec!["fetch", "recompute", "split", ""]),
+            prop_oneof![4 => 0.0f64..1e4, 1 => Just(0.0), 1 => Just(f64::INFINITY), 1 => Just(f64::NAN)],
+            prop_oneof![4 => 0.0f64..1e4, 1 => Just(0.0), 1 => Just(f64::INFINITY), 1 => Just(f64::NAN)],
+        )
+            .prop_map(|(prof, c, f, r)| point(prof, c, f, r))
+    }
+
+    proptest! {
+        #[test]
+        fn summary_invariants(points in prop::collection::vec(arb_point(), 0..40)) {
+            let s = summaries(&points);
+            let (all, per) = s.split_last().unwrap();
+            prop_assert_eq!(all.profile.as_str(), ALL_PROFILES);
+            prop_assert_eq!(all.n, points.len());
+            prop_assert_eq!(per.iter().map(|s| s.n).sum::<usize>(), all.n);
+            for s in &s {
+                prop_assert!((0.0..=1.0).contains(&s.accuracy), "{s:?}");
+                prop_assert!(s.mean_regret >= 0.0 && s.mean_regret.is_finite(), "{s:?}");
+                prop_assert!(s.worst_regret >= 0.0 && s.worst_regret.is_finite(), "{s:?}");
+                prop_assert!(s.worst_regret >= s.mean_regret, "{s:?}");
+            }
+        }
+
+        #[test]
+        fn choosing_the_faster_action_is_free(f in 1e-6f64..1e4, r in 1e-6f64..1e4) {
+            let chosen = if f <= r { "fetch" } else { "recompute" };
+            let o = outcome(&point("p", chosen, f, r));
+            prop_assert!(o.correct);
+            prop_assert_eq!(o.regret, 0.0);
+            let s = summarize("p", &[&point("p", chosen, f, r)]);
+            prop_assert_eq!(s.accuracy, 1.0);
+            prop_assert_eq!(s.worst_regret, 0.0);
+        }
+
+        #[test]
+        fn choosing_the_slower_action_costs_the_ratio(f in 1e-3f64..1e4, r in 1e-3f64..1e4) {
+            prop_assume!(f != r);
+            let chosen = if f > r { "fetch" } else { "recompute" };
+            let o = outcome(&point("p", chosen, f, r));
+            prop_assert!(!o.correct);
+            let want = f.max(r) / f.min(r) - 1.0;
+            prop_assert!((o.regret - want).abs() <= 1e-9 * want.max(1.0));
+        }
+    }
+}

@@ -1,3 +1,17 @@
 //! `kvferry bench`: real GiB/s and real fetch-versus-recompute decisions against the model,
 //! over the userspace WAN emulator (`kvferry-wanem`), with the baselines a user would
 //! otherwise pick measured on the same emulated link in the same run.
+//!
+//! - [`regions`]: two regions (daemon + reference engine each, separate processes) inside the
+//!   emulator's namespaces;
+//! - [`session`]: seed, migrate and verify one session through the router API;
+//! - [`run`]: the sweep (profiles × sizes, baselines, decision quality) and its outputs.
+//!
+//! The results' types, statistics, Markdown and plots live in `kvferry-bench-report` (pure);
+//! the baselines in `kvferry-baselines`.
+
+pub mod regions;
+pub mod run;
+pub mod session;
+
+pub use run::{BenchArgs, run};

@@ -3,7 +3,8 @@
 //! Owns argument parsing, logging set-up and process exit codes only; every subcommand lives
 //! in its own module and calls into library crates: `plan` (the cost model), `daemon` (the
 //! per-region daemon), `migrate` and `links` (a router's view of the gRPC API), `engine`
-//! (the reference engine process) and `demo` (two regions on loopback, end to end).
+//! (the reference engine process), `demo` (two regions on loopback, end to end) and `bench`
+//! (goodput and decisions over the WAN emulator).
 
 mod daemon_cmd;
 mod demo;
@@ -38,6 +39,8 @@ enum Command {
     Engine(Box<kvferry_engine_node::EngineArgs>),
     /// Two regions on loopback: run a conversation in A, migrate it to B, prove the next token.
     Demo(demo::DemoArgs),
+    /// Measure real goodput and real decisions against the model over an emulated WAN (root).
+    Bench(Box<kvferry_bench::BenchArgs>),
 }
 
 fn init_logging(default: &str) {
@@ -76,6 +79,10 @@ fn main() -> ExitCode {
                         Command::Links(a) => migrate_cmd::links(&a).await,
                         Command::Engine(a) => kvferry_engine_node::run(*a).await.map_err(anyhow::Error::from),
                         Command::Demo(a) => demo::run(&a).await,
+                        Command::Bench(a) => {
+                            let cmd = std::env::args().collect::<Vec<_>>().join(" ");
+                            kvferry_bench::run(&a, cmd).await.map(|_| ())
+                        }
                         Command::Plan(_) => Ok(()),
                     }
                 }),

@@ -22,6 +22,7 @@ pub mod links;
 pub mod metrics;
 pub mod plan;
 pub mod registry;
+pub mod router_tls;
 pub mod service;
 
 use std::net::SocketAddr;
@@ -85,7 +86,13 @@ impl http::Routes for HttpRoutes {
                 Some((r, f.rtt_s * 1e3, f.goodput_bps / 1e9, f.prediction_error))
             })
             .collect();
-        s.metrics.render(&links, s.landing.occupancy())
+        let (serve, fetch) = s.node.staging_high_water();
+        let mut out = s.metrics.render(&links, s.landing.occupancy());
+        out.push_str(&format!(
+            "# HELP kvferry_staging_high_water_bytes Most staging memory in use at once, per direction.\n# TYPE kvferry_staging_high_water_bytes gauge\nkvferry_staging_high_water_bytes{{direction=\"serve\"}} {serve}\nkvferry_staging_high_water_bytes{{direction=\"fetch\"}} {fetch}\nkvferry_staging_bound_bytes {}\n",
+            s.node.staging_bound()
+        ));
+        out
     }
     fn ready(&self) -> bool {
         true
@@ -138,6 +145,7 @@ impl Daemon {
             registry: registry.clone(),
             landing: landing.clone(),
             metrics: metrics.clone(),
+            egress: catalog::EgressCaps::new(&config.peers),
         });
         let (bw, rtt) = config
             .peers
@@ -148,6 +156,7 @@ impl Daemon {
             rtt: Duration::from_secs_f64(if rtt > 0.0 { rtt } else { 0.05 }),
             streams: config.transfer.streams,
             congestion: Congestion::parse(&config.transfer.congestion).unwrap_or(Congestion::Cubic),
+            idle_timeout: Duration::from_millis(config.transfer.idle_timeout_ms),
             ..LinkTuning::default()
         };
         let node = PeerNode::start(
@@ -204,7 +213,8 @@ impl Daemon {
             .abort_handle(),
         );
 
-        // Router API on TCP, with reflection.
+        // Router API on TCP (mutual TLS when configured), with reflection.
+        let router_tls = router_tls::server_config(&shared.config)?;
         let grpc = tokio::net::TcpListener::bind(shared.config.listen.grpc)
             .await
             .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
@@ -212,17 +222,19 @@ impl Daemon {
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(kvferry_proto::FILE_DESCRIPTOR_SET)
             .build_v1()?;
-        tasks.push(
-            tokio::spawn(
-                tonic::transport::Server::builder()
-                    .concurrency_limit_per_connection(256)
-                    .timeout(Duration::from_secs(600))
-                    .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
-                    .add_service(reflection)
-                    .serve_with_incoming(nodelay(grpc)),
-            )
-            .abort_handle(),
-        );
+        let router = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(256)
+            .timeout(Duration::from_secs(600))
+            .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
+            .add_service(reflection);
+        match router_tls {
+            Some(tls) => {
+                let (incoming, acceptor) = router_tls::incoming(grpc, tls);
+                tasks.push(acceptor);
+                tasks.push(tokio::spawn(router.serve_with_incoming(incoming)).abort_handle());
+            }
+            None => tasks.push(tokio::spawn(router.serve_with_incoming(nodelay(grpc))).abort_handle()),
+        }
 
         // HTTP observability.
         let http = tokio::net::TcpListener::bind(shared.config.listen.http)
@@ -231,7 +243,7 @@ impl Daemon {
         let http_addr = http.local_addr()?;
         tasks.push(tokio::spawn(http::serve(http, Arc::new(HttpRoutes(shared.clone())))).abort_handle());
 
-        tracing::info!(region = %shared.config.region, grpc = %grpc_addr, peer = %peer_addr, http = %http_addr,
+        tracing::info!(region = %shared.config.region, grpc = %grpc_addr, router_tls = %shared.config.router_tls.mode, peer = %peer_addr, http = %http_addr,
             run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");
         Ok(Self { shared, grpc_addr, http_addr, peer_addr, tasks })
     }

@@ -1,0 +1,521 @@
+//! The sweep: for each link profile, an emulator, two regions, the transfer sizes, the
+//! baselines on the same link, then decision quality around the modeled crossover.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kvferry_bench_report::{
+    BaselinePoint, BenchReport, DecisionPoint, LinkSpec, SplitPoint, TransferPoint, check, markdown, plots,
+    stats,
+};
+use kvferry_model::LinkModel;
+use kvferry_proto::v1::PolicyMode;
+use kvferry_wanem::{Emulator, PathProfile, Side};
+
+use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
+use crate::session;
+
+const MIB: u64 = 1 << 20;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Flags of `kvferry bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The CI run: two profiles, one 64 MiB session each, few decision points; under 5 minutes.
+    #[arg(long)]
+    pub quick: bool,
+    /// Link profiles (wanem presets or specs such as `rate=1gbit,rtt=50ms,loss=0.1%`),
+    /// comma-separated [default: 100mbit-20ms,1gbit-50ms,1gbit-150ms,1gbit-50ms-loss0.1; quick:
+    /// 100mbit-20ms,1gbit-50ms].
+    #[arg(long, value_delimiter = ';')]
+    pub profiles: Vec<String>,
+    /// Session sizes in MiB, comma-separated [default: 64,256,1024,2048; quick: 64].
+    #[arg(long, value_delimiter = ',')]
+    pub sizes_mib: Vec<u64>,
+    /// Baseline transfer size in MiB [default: 256; quick: 32].
+    #[arg(long)]
+    pub baseline_mib: Option<u64>,
+    /// Skip the baselines.
+    #[arg(long)]
+    pub no_baselines: bool,
+    /// Skip decision quality.
+    #[arg(long)]
+    pub no_decisions: bool,
+    /// Prefix lengths per profile for decision quality [default: 8; quick: 4].
+    #[arg(long)]
+    pub decision_points: Option<usize>,
+    /// Congestion controller of the daemons (cubic | bbr | newreno).
+    #[arg(long, default_value = "bbr")]
+    pub congestion: String,
+    /// Parallel QUIC streams per transfer.
+    #[arg(long, default_value_t = 4)]
+    pub streams: u32,
+    /// Where report.json, report.md and the plots go [default: bench/results/bench-latest;
+    /// quick: a temporary directory unless given].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Keep the regions' run directories (configs, logs) under OUT/runs.
+    #[arg(long)]
+    pub keep_logs: bool,
+}
+
+/// What a run resolves its flags to.
+#[derive(Debug, Clone)]
+struct Plan {
+    profiles: Vec<String>,
+    sizes: Vec<u64>,
+    baseline_bytes: u64,
+    decision_points: usize,
+}
+
+fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
+    let profiles = if !a.profiles.is_empty() {
+        a.profiles.clone()
+    } else if a.quick {
+        vec!["100mbit-20ms".into(), "1gbit-50ms".into()]
+    } else {
+        ["100mbit-20ms", "1gbit-50ms", "1gbit-150ms", "1gbit-50ms-loss0.1"].map(String::from).to_vec()
+    };
+    for p in &profiles {
+        PathProfile::parse(p).map_err(|e| anyhow::anyhow!("--profiles: {e}"))?;
+    }
+    let sizes = if !a.sizes_mib.is_empty() {
+        a.sizes_mib.clone()
+    } else if a.quick {
+        vec![64]
+    } else {
+        vec![64, 256, 1024, 2048]
+    };
+    if sizes.iter().any(|&s| s == 0 || s > 16 << 10) {
+        bail!("--sizes-mib: each size must be 1..=16384 MiB");
+    }
+    let baseline_mib = a.baseline_mib.unwrap_or(if a.quick { 32 } else { 256 });
+    if baseline_mib == 0 {
+        bail!("--baseline-mib must be positive");
+    }
+    let decision_points = a.decision_points.unwrap_or(if a.quick { 4 } else { 8 });
+    Ok(Plan {
+        profiles,
+        sizes: sizes.iter().map(|s| s * MIB).collect(),
+        baseline_bytes: baseline_mib * MIB,
+        decision_points,
+    })
+}
+
+fn link_spec(name: &str, p: &PathProfile) -> LinkSpec {
+    let ab = &p.ab;
+    LinkSpec {
+        profile: name.to_owned(),
+        rate_bps: ab.rate_bps.map_or(f64::INFINITY, |r| r as f64),
+        rtt_s: (ab.one_way_delay + p.ba.one_way_delay).as_secs_f64(),
+        loss: ab.loss,
+    }
+}
+
+fn host() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next().map(|l| l.split_whitespace().nth(1).unwrap_or("?").to_owned()))
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs, {mem} kB RAM, Linux {}", kernel.trim())
+}
+
+/// Runs the bench; returns the report (already written under the output directory).
+pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> {
+    let plan = resolve(a)?;
+    kvferry_wanem::check_support()
+        .map_err(|e| anyhow::anyhow!("kvferry bench needs the WAN emulator: {e}"))?;
+    let out = match (&a.out, a.quick) {
+        (Some(o), _) => o.clone(),
+        (None, false) => PathBuf::from("bench/results/bench-latest"),
+        (None, true) => std::env::temp_dir().join(format!("kvferry-bench-quick-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let exe = std::env::current_exe()?;
+    let max_session = plan.sizes.iter().copied().max().unwrap_or(64 * MIB);
+    let shape = EngineShape::bench(max_session.max(plan.baseline_bytes));
+    let started =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let mut report = BenchReport {
+        command,
+        started_unix: started,
+        host: host(),
+        quick: a.quick,
+        transfers: vec![],
+        baselines: vec![],
+        decisions: vec![],
+        decision_summary: vec![],
+        splits: vec![],
+        notes: vec![],
+    };
+    println!(
+        "kvferry bench: {} profiles, sessions {:?} MiB; engine KV {} KiB/token; {}",
+        plan.profiles.len(),
+        plan.sizes.iter().map(|s| s / MIB).collect::<Vec<_>>(),
+        shape.bytes_per_token() / 1024,
+        report.host
+    );
+    let t0 = Instant::now();
+    for name in &plan.profiles {
+        let path = PathProfile::parse(name)?;
+        let link = link_spec(name, &path);
+        println!(
+            "\n== profile {name}: {:.0} Mbit/s, RTT {:.0} ms, loss {:.2}%",
+            link.rate_bps / 1e6,
+            link.rtt_s * 1e3,
+            link.loss * 100.0
+        );
+        let emu = Emulator::start_path(path).map_err(|e| anyhow::anyhow!("starting the emulator: {e}"))?;
+        let root = tempfile::Builder::new().prefix("kvferry-bench-").tempdir()?;
+        let opts = RegionOptions {
+            exe: exe.clone(),
+            shape,
+            gbps: if link.rate_bps.is_finite() { link.rate_bps / 1e9 } else { 10.0 },
+            rtt_ms: link.rtt_s * 1e3,
+            congestion: a.congestion.clone(),
+            streams: a.streams,
+            landing_bytes: (max_session + max_session / 2).max(512 * MIB),
+        };
+        let t_start = Instant::now();
+        let mut regions = Regions::start(&emu, root.path(), &opts).await?;
+        println!(
+            "  two regions up in {:.1} s (daemon + reference engine each, in namespaces)",
+            t_start.elapsed().as_secs_f64()
+        );
+        let result = profile_body(&plan, a, &link, &shape, &emu, &mut regions, &mut report).await;
+        regions.stop().await;
+        if a.keep_logs {
+            let dst = out.join("runs").join(name.replace(['=', ',', '%'], "_"));
+            let _ = std::fs::create_dir_all(&dst);
+            let _ = copy_logs(root.path(), &dst);
+        }
+        if let Err(e) = result {
+            let logs = root.keep();
+            bail!("profile {name}: {e:#} (logs kept in {})", logs.display());
+        }
+        drop(emu);
+    }
+    report.decision_summary = stats::summaries(&report.decisions);
+    limits_notes(&mut report);
+    let problems = check::check(&report);
+    std::fs::write(out.join("report.json"), serde_json::to_string_pretty(&report)?)?;
+    std::fs::write(out.join("report.md"), markdown::markdown(&report))?;
+    match plots::write_all(&report, &out) {
+        Ok(files) => println!(
+            "\nplots: {}",
+            files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+        ),
+        Err(e) => println!("\nplots not written: {e}"),
+    }
+    println!("report: {} ({} s)", out.join("report.md").display(), t0.elapsed().as_secs());
+    for s in &report.decision_summary {
+        println!(
+            "decisions {}: n {} accuracy {:.1}% mean regret {:.1}% worst {:.1}%",
+            s.profile,
+            s.n,
+            s.accuracy * 100.0,
+            s.mean_regret * 100.0,
+            s.worst_regret * 100.0
+        );
+    }
+    if !problems.is_empty() {
+        bail!("the bench's answers are wrong:\n  {}", problems.join("\n  "));
+    }
+    Ok(report)
+}
+
+fn copy_logs(from: &Path, to: &Path) -> std::io::Result<()> {
+    for r in ["region-a", "region-b"] {
+        for f in ["daemon.log", "engine.log", "kvferry.toml"] {
+            let src = from.join(r).join(f);
+            if src.exists() {
+                std::fs::copy(&src, to.join(format!("{r}-{f}")))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn profile_body(
+    plan: &Plan,
+    a: &BenchArgs,
+    link: &LinkSpec,
+    shape: &EngineShape,
+    emu: &Emulator,
+    regions: &mut Regions,
+    report: &mut BenchReport,
+) -> anyhow::Result<()> {
+    let mut seed = 1 + 1000 * report.transfers.len() as u64 + 7 * report.decisions.len() as u64;
+    for &bytes in &plan.sizes {
+        seed += 1;
+        let p = transfer(link, shape, regions, bytes, seed).await?;
+        println!(
+            "  fetch {:>5} MiB: {:.2} s, {:.0} Mbit/s ({:.0}% of link), model {:.2} s (ratio {:.2}), first layer {:.3} s, CPU s/GiB src {:.2} tgt {:.2}, verified {}",
+            bytes / MIB,
+            p.wall_s,
+            p.goodput_bps / 1e6,
+            100.0 * p.goodput_bps / link.rate_bps,
+            p.model_fetch_s,
+            p.wall_s / p.model_fetch_s,
+            p.first_layer_s,
+            p.cpu_s_per_gib_source,
+            p.cpu_s_per_gib_target,
+            p.verified
+        );
+        report.transfers.push(p);
+        regions.check_alive()?;
+    }
+    if !a.no_baselines {
+        for (name, f) in [
+            (
+                "quinn-defaults",
+                kvferry_baselines::quinn_defaults
+                    as fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun>,
+            ),
+            ("tcp-tls", kvferry_baselines::tcp_tls),
+            ("nixl-ucx-tcp", kvferry_baselines::nixl_ucx_tcp),
+        ] {
+            let bytes = plan.baseline_bytes;
+            let r = tokio::task::block_in_place(|| f(emu, bytes));
+            let point = match r {
+                Ok(b) => BaselinePoint {
+                    link: link.clone(),
+                    name: b.name.to_owned(),
+                    bytes: b.bytes,
+                    wall_s: b.wall_s,
+                    goodput_bps: b.goodput_bps,
+                    cpu_s_sender: b.cpu_s_sender,
+                    cpu_s_receiver: b.cpu_s_receiver,
+                    verified: b.verified,
+                    note: b.note,
+                },
+                Err(e) => bail!("baseline {name}: {e:#}"),
+            };
+            println!(
+                "  baseline {:<15} {:>5} MiB: {:.2} s, {:.0} Mbit/s, verified {} {}",
+                point.name,
+                point.bytes / MIB,
+                point.wall_s,
+                point.goodput_bps / 1e6,
+                point.verified,
+                point.note
+            );
+            report.baselines.push(point);
+        }
+    }
+    if !a.no_decisions && plan.decision_points > 0 {
+        decisions(plan, link, shape, regions, report, seed * 31).await?;
+    }
+    Ok(())
+}
+
+fn model_fetch_s(link: &LinkSpec, bytes: u64) -> f64 {
+    match LinkModel::new(link.rate_bps / 1e9, link.rtt_s, 1.0) {
+        Ok(m) => m.fetch_seconds(1, bytes as f64),
+        Err(_) => 0.0,
+    }
+}
+
+async fn transfer(
+    link: &LinkSpec,
+    shape: &EngineShape,
+    regions: &mut Regions,
+    bytes: u64,
+    seed: u64,
+) -> anyhow::Result<TransferPoint> {
+    let tokens_n = (bytes / shape.bytes_per_token()).div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS;
+    let tokens = session::prompt(tokens_n as usize, seed);
+    let mut eng_a = regions.engine(Side::A).await?;
+    let mut eng_b = regions.engine(Side::B).await?;
+    let mut mig = regions.migration(Side::B).await?;
+    let filled = session::fill(&mut eng_a, &tokens).await?;
+    session::wait_for_holdings(&mut mig, &tokens, filled.tokens, Duration::from_secs(60)).await?;
+    let (cpu_a0, cpu_b0) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
+    let m =
+        session::migrate(&mut mig, &format!("bench-fetch-{seed}"), &tokens, PolicyMode::Fetch, false).await?;
+    let (cpu_a1, cpu_b1) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
+    let r = &m.receipt;
+    if r.action != "fetch" || !r.fallback.is_empty() {
+        bail!("a {} MiB fetch ended as {} (fallback: {})", bytes / MIB, r.action, r.fallback);
+    }
+    let landed = session::digest(&mut eng_b, &tokens).await?;
+    let verified =
+        landed.tokens == filled.tokens && landed.digest == filled.digest && r.bytes_moved == filled.bytes;
+    let gib = filled.bytes as f64 / GIB;
+    let model_s = model_fetch_s(link, filled.bytes);
+    let staging_a =
+        regions.metric(Side::A, "kvferry_staging_high_water_bytes{direction=\"serve\"}").await.unwrap_or(0.0);
+    let staging_b =
+        regions.metric(Side::B, "kvferry_staging_high_water_bytes{direction=\"fetch\"}").await.unwrap_or(0.0);
+    Ok(TransferPoint {
+        link: link.clone(),
+        session_bytes: filled.bytes,
+        tokens: filled.tokens,
+        wall_s: r.wall_s,
+        goodput_bps: filled.bytes as f64 * 8.0 / r.wall_s.max(1e-9),
+        model_fetch_s: model_s,
+        model_goodput_bps: if model_s > 0.0 { filled.bytes as f64 * 8.0 / model_s } else { 0.0 },
+        daemon_predicted_s: r.predicted_s,
+        first_layer_s: r.first_layer_s,
+        cpu_s_per_gib_source: (cpu_a1 - cpu_a0) / gib,
+        cpu_s_per_gib_target: (cpu_b1 - cpu_b0) / gib,
+        staging_bytes_source: staging_a as u64,
+        staging_bytes_target: staging_b as u64,
+        verified,
+    })
+}
+
+/// Prefix lengths around the crossover `x` (tokens), whole blocks, at least one block, at
+/// most `cap`; `n` of them, geometric from x/4 to 4x. Without a crossover: 1 block to `cap`.
+pub fn sweep_lengths(x: Option<f64>, n: usize, cap: u64) -> Vec<u64> {
+    let (lo, hi) = match x {
+        Some(x) if x.is_finite() && x > 0.0 => {
+            ((x / 4.0).max(BLOCK_TOKENS as f64), (x * 4.0).min(cap as f64))
+        }
+        _ => (BLOCK_TOKENS as f64, cap as f64),
+    };
+    let hi = hi.max(lo);
+    let mut v: Vec<u64> = (0..n.max(1))
+        .map(|i| {
+            let f = if n <= 1 { 0.5 } else { i as f64 / (n - 1) as f64 };
+            let t = lo * (hi / lo).powf(f);
+            ((t / BLOCK_TOKENS as f64).round().max(1.0) as u64 * BLOCK_TOKENS).min(cap.max(BLOCK_TOKENS))
+        })
+        .collect();
+    v.dedup();
+    v
+}
+
+async fn decisions(
+    plan: &Plan,
+    link: &LinkSpec,
+    shape: &EngineShape,
+    regions: &mut Regions,
+    report: &mut BenchReport,
+    mut seed: u64,
+) -> anyhow::Result<()> {
+    let mut eng_a = regions.engine(Side::A).await?;
+    let mut mig = regions.migration(Side::B).await?;
+    // The crossover as the daemon models it now (live link estimate, engine's profile).
+    let probe = session::prompt(64 * BLOCK_TOKENS as usize, seed);
+    seed += 1;
+    let d0 = session::plan(&mut mig, &probe, false).await?;
+    let crossover = d0.crossover_tokens;
+    // Recompute of the longest point must stay affordable on this CPU: cap at ~20 s of prefill.
+    let per_tok = d0.recompute_s_per_token.max(1e-6);
+    let cap_tokens = ((20.0 / per_tok) as u64 / BLOCK_TOKENS * BLOCK_TOKENS)
+        .clamp(BLOCK_TOKENS, shape.num_blocks as u64 * BLOCK_TOKENS / 4);
+    let lengths = sweep_lengths(crossover, plan.decision_points, cap_tokens);
+    println!(
+        "  decisions: modeled crossover {} tokens (recompute {:.3} ms/token, {} KiB/token); prefixes {:?}",
+        crossover.map_or("none".into(), |x| format!("{x:.0}")),
+        per_tok * 1e3,
+        shape.bytes_per_token() / 1024,
+        lengths
+    );
+    for &n in &lengths {
+        // Three conversations of the same length: one decided then fetched, one recomputed,
+        // one migrated with the split allowed (contents differ so no run warms another).
+        let x = session::prompt(n as usize, seed);
+        let y = session::prompt(n as usize, seed + 1);
+        let z = session::prompt(n as usize, seed + 2);
+        seed += 3;
+        for t in [&x, &z] {
+            let f = session::fill(&mut eng_a, t).await?;
+            session::wait_for_holdings(&mut mig, t, f.tokens, Duration::from_secs(60)).await?;
+        }
+        let d = session::plan(&mut mig, &x, false).await?;
+        let fetched =
+            session::migrate(&mut mig, &format!("bench-dq-fetch-{seed}"), &x, PolicyMode::Fetch, false)
+                .await?;
+        let recomputed = session::migrate(
+            &mut mig,
+            &format!("bench-dq-recompute-{seed}"),
+            &y,
+            PolicyMode::Recompute,
+            false,
+        )
+        .await?;
+        for (what, m) in [("fetch", &fetched), ("recompute", &recomputed)] {
+            if m.receipt.action != what
+                || !m.receipt.fallback.is_empty()
+                || m.receipt.tokens_ready < n - BLOCK_TOKENS
+            {
+                bail!(
+                    "{what} of {n} tokens ended as {} with {} tokens ready (fallback: {})",
+                    m.receipt.action,
+                    m.receipt.tokens_ready,
+                    m.receipt.fallback
+                );
+            }
+        }
+        let chosen = if d.action == "fetch" || d.action == "recompute" {
+            d.action.clone()
+        } else {
+            format!("{} (unexpected)", d.action)
+        };
+        let p = DecisionPoint {
+            link: link.clone(),
+            prefix_tokens: n,
+            chosen,
+            predicted_fetch_s: session::predicted(&d, "fetch").unwrap_or(f64::NAN),
+            predicted_recompute_s: session::predicted(&d, "recompute").unwrap_or(f64::NAN),
+            measured_fetch_s: fetched.receipt.wall_s,
+            measured_recompute_s: recomputed.receipt.wall_s,
+            modeled_crossover_tokens: d.crossover_tokens,
+        };
+        let split =
+            session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, true).await?;
+        let split_note = if split.receipt.action == "split" && split.receipt.fallback.is_empty() {
+            let s = SplitPoint {
+                link: link.clone(),
+                prefix_tokens: n,
+                split_recompute_tokens: split.decision.split_recompute_tokens,
+                predicted_split_s: split.receipt.predicted_s,
+                measured_split_s: split.receipt.wall_s,
+                measured_fetch_s: p.measured_fetch_s,
+                measured_recompute_s: p.measured_recompute_s,
+            };
+            let note = format!(
+                "split {} recomputed: {:.3} s (predicted {:.3})",
+                s.split_recompute_tokens, s.measured_split_s, s.predicted_split_s
+            );
+            report.splits.push(s);
+            note
+        } else {
+            format!("with split allowed: {}", split.receipt.action)
+        };
+        println!(
+            "    {n:>6} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; {split_note}",
+            p.chosen,
+            p.predicted_fetch_s,
+            p.predicted_recompute_s,
+            p.measured_fetch_s,
+            p.measured_recompute_s
+        );
+        report.decisions.push(p);
+        regions.check_alive()?;
+    }
+    Ok(())
+}
+
+/// Notes on targets the run missed, with the evidence it has.
+fn limits_notes(r: &mut BenchReport) {
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    for t in &r.transfers {
+        let share = t.goodput_bps / t.link.rate_bps;
+        let target = if t.link.loss > 0.0 { 0.5 } else { 0.9 };
+        if share < target && t.session_bytes >= 256 * MIB {
+            let cpu = t.cpu_s_per_gib_source.max(t.cpu_s_per_gib_target);
+            let cpu_limit_gbps =
+                if cpu > 0.0 { 8.0 / cpu * (1u64 << 30) as f64 / 1e9 / 8.0 * 8.0 } else { f64::INFINITY };
+            r.notes.push(format!(
+                "{} {} MiB: {:.0}% of the link rate (target {:.0}%). Busiest daemon spent {:.2} CPU s/GiB, i.e. one core saturates at {:.2} Gbit/s; this host has {cpus} cores shared by both daemons, both engines and the emulator's forwarding threads.",
+                t.link.profile, t.session_bytes / MIB, share * 100.0, target * 100.0, cpu, cpu_limit_gbps
+            ));
+        }
+    }
+}
