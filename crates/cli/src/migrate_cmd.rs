@@ -37,6 +37,8 @@ pub struct MigrateArgs {
     /// Bearer token for the router API.
     #[arg(long, env = "KVFERRY_BEARER_TOKEN", default_value = "")]
     pub bearer: String,
+    #[command(flatten)]
+    pub tls: RouterTlsArgs,
     /// Print the decision only (PlanMigration).
     #[arg(long)]
     pub plan_only: bool,
@@ -51,14 +53,88 @@ pub struct LinksArgs {
     pub daemon: String,
     #[arg(long, env = "KVFERRY_BEARER_TOKEN", default_value = "")]
     pub bearer: String,
+    #[command(flatten)]
+    pub tls: RouterTlsArgs,
 }
 
-async fn client(addr: &str) -> anyhow::Result<MigrationClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(addr.to_owned())?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await?;
+/// Mutual TLS to a daemon with `[router_tls]` enabled (use an `https://` address).
+#[derive(Debug, Clone, Default, Args)]
+pub struct RouterTlsArgs {
+    /// CA certificate(s) (PEM) the daemon's router certificate must chain to.
+    #[arg(long)]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// This router's client certificate chain (PEM).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// Name to verify the daemon's certificate against [default: the address's host].
+    #[arg(long)]
+    pub tls_domain: Option<String>,
+}
+
+fn read_pem(p: &std::path::Path, what: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(p).map_err(|e| anyhow::anyhow!("{what} {}: {e}", p.display()))
+}
+
+/// A Migration client; TLS (with a client certificate when given) for `https://` addresses.
+pub async fn client(addr: &str, tls: &RouterTlsArgs) -> anyhow::Result<MigrationClient<Channel>> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut ep =
+        tonic::transport::Endpoint::from_shared(addr.to_owned())?.connect_timeout(Duration::from_secs(5));
+    let https = addr.starts_with("https://");
+    let any_tls = tls.tls_ca.is_some() || tls.tls_cert.is_some() || tls.tls_domain.is_some();
+    if any_tls && !https {
+        anyhow::bail!("--tls-* flags need an https:// daemon address, got {addr}");
+    }
+    if https {
+        let mut c = ClientTlsConfig::new();
+        match &tls.tls_ca {
+            Some(p) => c = c.ca_certificate(Certificate::from_pem(read_pem(p, "--tls-ca")?)),
+            None => {
+                anyhow::bail!("an https:// daemon address needs --tls-ca (the CA of its router certificate)")
+            }
+        }
+        if let (Some(cert), Some(key)) = (&tls.tls_cert, &tls.tls_key) {
+            c = c.identity(Identity::from_pem(read_pem(cert, "--tls-cert")?, read_pem(key, "--tls-key")?));
+        }
+        if let Some(d) = &tls.tls_domain {
+            c = c.domain_name(d.clone());
+        }
+        ep = ep.tls_config(c)?;
+    }
+    let ch = ep.connect().await.map_err(|e| explain(addr, tls, &e))?;
     Ok(MigrationClient::new(ch).max_decoding_message_size(64 << 20))
+}
+
+/// A connection error with its whole cause chain, and what a refused handshake usually means.
+fn explain(addr: &str, tls: &RouterTlsArgs, e: &dyn std::error::Error) -> anyhow::Error {
+    let mut chain = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        chain.push_str(": ");
+        chain.push_str(&s.to_string());
+        src = s.source();
+    }
+    // Under TLS 1.3 a server that refuses the client certificate does so after the client's
+    // side of the handshake finished: hyper then sees the connection close, without the alert.
+    let closed = ["connection closed", "reset", "canceled", "broken pipe", "connection error"]
+        .iter()
+        .any(|w| chain.contains(w));
+    let https = addr.starts_with("https://");
+    let hint = if chain.contains("CertificateRequired") || (https && closed && tls.tls_cert.is_none()) {
+        "; the daemon closed the connection: it requires a router client certificate (--tls-cert, --tls-key)"
+    } else if chain.contains("UnknownCA") || chain.contains("BadCertificate") || (https && closed) {
+        "; the daemon closed the connection: it refused the client certificate (not signed by its router client CA?)"
+    } else if chain.contains("UnknownIssuer") {
+        "; the daemon's certificate does not chain to --tls-ca"
+    } else if !https && closed {
+        "; if the daemon has [router_tls] enabled, use https:// with --tls-ca, --tls-cert, --tls-key"
+    } else {
+        ""
+    };
+    anyhow::anyhow!("{addr}: {chain}{hint}")
 }
 
 fn with_auth<T>(msg: T, bearer: &str) -> anyhow::Result<tonic::Request<T>> {
@@ -95,14 +171,22 @@ pub fn request(a: &MigrateArgs) -> anyhow::Result<MigrateSessionRequest> {
 
 /// Calls MigrateSession (or PlanMigration) and prints the decision and receipt.
 pub async fn run(a: &MigrateArgs) -> anyhow::Result<()> {
-    let mut c = client(&a.daemon).await?;
+    let mut c = client(&a.daemon, &a.tls).await?;
     let req = request(a)?;
     if a.plan_only {
-        let d = c.plan_migration(with_auth(req, &a.bearer)?).await?.into_inner();
+        let d = c
+            .plan_migration(with_auth(req, &a.bearer)?)
+            .await
+            .map_err(|e| explain(&a.daemon, &a.tls, &e))?
+            .into_inner();
         println!("{}", crate::report::decision(&d));
         return Ok(());
     }
-    let mut stream = c.migrate_session(with_auth(req, &a.bearer)?).await?.into_inner();
+    let mut stream = c
+        .migrate_session(with_auth(req, &a.bearer)?)
+        .await
+        .map_err(|e| explain(&a.daemon, &a.tls, &e))?
+        .into_inner();
     while let Some(ev) = stream.message().await? {
         match ev.event {
             Some(migration_event::Event::Decision(d)) => println!("{}", crate::report::decision(&d)),
@@ -128,8 +212,12 @@ pub async fn run(a: &MigrateArgs) -> anyhow::Result<()> {
 
 /// Calls GetLinks and prints a table.
 pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
-    let mut c = client(&a.daemon).await?;
-    let r = c.get_links(with_auth(GetLinksRequest {}, &a.bearer)?).await?.into_inner();
+    let mut c = client(&a.daemon, &a.tls).await?;
+    let r = c
+        .get_links(with_auth(GetLinksRequest {}, &a.bearer)?)
+        .await
+        .map_err(|e| explain(&a.daemon, &a.tls, &e))?
+        .into_inner();
     println!("links of region {}:", r.region);
     println!(
         "  {:<14} {:>9} {:>12} {:>9} {:>6} {:>8} {:>10} {:>9}",

@@ -38,6 +38,7 @@ pub struct Config {
     pub listen: Listen,
     pub auth: Auth,
     pub tls: Tls,
+    pub router_tls: RouterTls,
     pub peers: Vec<Peer>,
     pub limits: Limits,
     pub transfer: Transfer,
@@ -77,6 +78,31 @@ pub struct Tls {
     pub key: PathBuf,
 }
 
+/// TLS on the router-facing Migration API. With `mode` other than `off`, routers must present
+/// a client certificate that chains to the client CA (mutual TLS); a configured bearer token
+/// is then required as well.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterTls {
+    /// `off`: plaintext gRPC. `dev`: the dev CA in `tls.dev_dir` issues this daemon's router
+    /// server certificate (SANs `localhost`, `127.0.0.1`, `::1` and `listen.grpc`'s address),
+    /// trusts itself as the router client CA, and writes a router client certificate
+    /// (`router-client.pem`, `router-client.key`) into `tls.dev_dir`. `files`: PEM files below.
+    pub mode: String,
+    /// Server certificate chain presented to routers (`files`).
+    pub cert: PathBuf,
+    /// Its private key (`files`).
+    pub key: PathBuf,
+    /// CA certificates router client certificates must chain to (`files`).
+    pub client_ca: PathBuf,
+}
+
+impl Default for RouterTls {
+    fn default() -> Self {
+        Self { mode: "off".into(), cert: PathBuf::new(), key: PathBuf::new(), client_ca: PathBuf::new() }
+    }
+}
+
 /// A peer region.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +115,10 @@ pub struct Peer {
     /// Expected RTT until measured, ms.
     #[serde(default = "default_peer_rtt_ms")]
     pub rtt_ms: f64,
+    /// Cap on the KV bytes this daemon serves to that peer, Gbit/s (all its transfers
+    /// together); 0 = no cap. Keeps migrations from crowding other traffic off a shared WAN link.
+    #[serde(default)]
+    pub max_egress_gbps: f64,
 }
 
 fn default_peer_gbps() -> f64 {
@@ -122,6 +152,10 @@ pub struct Transfer {
     pub streams: u32,
     /// cubic | bbr | newreno
     pub congestion: String,
+    /// QUIC idle timeout to peers, ms. A peer silent this long is taken as lost (the fetch
+    /// resumes on a new connection); silent for twice this long, the fetch is abandoned and
+    /// the migration falls back to recompute.
+    pub idle_timeout_ms: u64,
 }
 
 /// Policy defaults applied when a request leaves them unset.
@@ -130,6 +164,13 @@ pub struct Transfer {
 pub struct PolicyDefaults {
     pub split_overhead_ms: f64,
     pub split_min_gain: f64,
+    /// Send eviction hints: after a peer fetched a whole chain of blocks out of an engine's
+    /// pool (the session moved away; a verified copy now lives in the peer region), hint that
+    /// engine to evict those blocks if its pool is at least `eviction_hint_pool_use` full.
+    /// Hints, never commands: an engine may ignore them or evict only unreferenced blocks.
+    pub eviction_hints: bool,
+    /// Fraction of an engine's pool in use (blocks it reported stored) from which hints are sent.
+    pub eviction_hint_pool_use: f64,
 }
 
 impl Default for Config {
@@ -141,6 +182,7 @@ impl Default for Config {
             listen: Listen::default(),
             auth: Auth::default(),
             tls: Tls::default(),
+            router_tls: RouterTls::default(),
             peers: Vec::new(),
             limits: Limits::default(),
             transfer: Transfer::default(),
@@ -189,13 +231,18 @@ impl Default for Limits {
 
 impl Default for Transfer {
     fn default() -> Self {
-        Self { chunk_bytes: 4 << 20, streams: 4, congestion: "cubic".into() }
+        Self { chunk_bytes: 4 << 20, streams: 4, congestion: "cubic".into(), idle_timeout_ms: 10_000 }
     }
 }
 
 impl Default for PolicyDefaults {
     fn default() -> Self {
-        Self { split_overhead_ms: 5.0, split_min_gain: 0.05 }
+        Self {
+            split_overhead_ms: 5.0,
+            split_min_gain: 0.05,
+            eviction_hints: true,
+            eviction_hint_pool_use: 0.9,
+        }
     }
 }
 
@@ -269,6 +316,27 @@ impl Config {
             }
             other => return Err(invalid("tls.mode", format!("must be \"dev\" or \"files\", got {other:?}"))),
         }
+        match self.router_tls.mode.as_str() {
+            "off" | "dev" => {}
+            "files" => {
+                let r = &self.router_tls;
+                for (f, p) in [
+                    ("router_tls.cert", &r.cert),
+                    ("router_tls.key", &r.key),
+                    ("router_tls.client_ca", &r.client_ca),
+                ] {
+                    if p.as_os_str().is_empty() {
+                        return Err(invalid(f, "is required with router_tls.mode = \"files\""));
+                    }
+                }
+            }
+            other => {
+                return Err(invalid(
+                    "router_tls.mode",
+                    format!("must be \"off\", \"dev\" or \"files\", got {other:?}"),
+                ));
+            }
+        }
         let mut seen = std::collections::HashSet::new();
         for (i, p) in self.peers.iter().enumerate() {
             if !name_ok(&p.region) {
@@ -285,6 +353,9 @@ impl Config {
             }
             if !(p.rtt_ms.is_finite() && p.rtt_ms >= 0.0) {
                 return Err(invalid(format!("peers[{i}].rtt_ms"), "must be >= 0"));
+            }
+            if !(p.max_egress_gbps.is_finite() && p.max_egress_gbps >= 0.0) {
+                return Err(invalid(format!("peers[{i}].max_egress_gbps"), "must be >= 0 (0 = no cap)"));
             }
         }
         let l = &self.limits;
@@ -310,12 +381,18 @@ impl Config {
         if kvferry_peer::Congestion::parse(&t.congestion).is_none() {
             return Err(invalid("transfer.congestion", "must be cubic, bbr or newreno"));
         }
+        if !(500..=600_000).contains(&t.idle_timeout_ms) {
+            return Err(invalid("transfer.idle_timeout_ms", "must be between 500 and 600000"));
+        }
         let p = &self.policy;
         if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
             return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
         }
         if !(0.0..=1.0).contains(&p.split_min_gain) {
             return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&p.eviction_hint_pool_use) {
+            return Err(invalid("policy.eviction_hint_pool_use", "must be in [0, 1]"));
         }
         Ok(())
     }
@@ -351,12 +428,21 @@ mod tests {
             ("region = \"\"", "region"),
             ("[tls]\nmode = \"magic\"", "tls.mode"),
             ("[tls]\nmode = \"files\"", "tls.ca"),
+            ("[router_tls]\nmode = \"on\"", "router_tls.mode"),
+            ("[router_tls]\nmode = \"files\"", "router_tls.cert"),
+            ("[router_tls]\nmode = \"files\"\ncert = \"c\"\nkey = \"k\"", "router_tls.client_ca"),
             ("[[peers]]\nregion = \"region-a\"\naddr = \"127.0.0.1:1\"", "peers[0].region"),
             ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ngbps = 0", "peers[0].gbps"),
             ("[limits]\nstaging_bytes = 1", "limits.staging_bytes"),
             ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion"),
             ("[transfer]\nstreams = 0", "transfer.streams"),
+            ("[transfer]\nidle_timeout_ms = 10", "transfer.idle_timeout_ms"),
+            (
+                "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\nmax_egress_gbps = -1",
+                "peers[0].max_egress_gbps",
+            ),
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
+            ("[policy]\neviction_hint_pool_use = 1.5", "policy.eviction_hint_pool_use"),
         ];
         for (text, field) in cases {
             let e = Config::parse(text).unwrap_err().to_string();

@@ -2,6 +2,11 @@
 //! recompute, or both at once (split); with deadlines everywhere and a recompute fallback when
 //! a fetch cannot finish (source down, deadline). Blocks become visible only after their
 //! fetch returned `Ok` (every byte verified); a failed fetch leaves nothing behind.
+//!
+//! A fetch that may fall back does not get the whole deadline: it ends early enough for the
+//! target engine to recompute the prefix ([`fetch_deadline`]). A source that has sent no
+//! verified byte for twice the peer idle timeout (one loss detection plus one reconnect
+//! attempt) is taken as down and the fetch is abandoned at once.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -178,7 +183,7 @@ async fn fetch(
         hashes: hashes.clone(),
         layers: shape.layers(),
         bytes_per_block_layer: shape.layer_bytes(0),
-        deadline: p.deadline,
+        deadline: fetch_deadline(p),
     };
     let _active = shared.links.begin(&src);
     let progress = {
@@ -200,7 +205,34 @@ async fn fetch(
             }
         })
     };
-    let result = shared.node.fetch(&id, peer.addr, spec, sink.clone()).await;
+    let silent_limit = 2 * Duration::from_millis(shared.config.transfer.idle_timeout_ms);
+    let watchdog = {
+        let landed = sink.landed_bytes.clone();
+        async move {
+            let (mut last, mut since) = (landed.load(Ordering::Relaxed), Instant::now());
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                let now = landed.load(Ordering::Relaxed);
+                if now != last {
+                    (last, since) = (now, Instant::now());
+                } else if since.elapsed() >= silent_limit {
+                    return since.elapsed();
+                }
+            }
+        }
+    };
+    let result = tokio::select! {
+        r = shared.node.fetch(&id, peer.addr, spec, sink.clone()) => r,
+        silent = watchdog => {
+            progress.abort();
+            tracing::warn!(source = %src, silent_s = silent.as_secs_f64(), landed = sink.landed_bytes.load(Ordering::Relaxed),
+                "no verified byte from the source; abandoning the fetch");
+            return Err(DaemonError::Unavailable(format!(
+                "fetch from {src}: no verified byte for {:.1} s (source down?)",
+                silent.as_secs_f64()
+            )));
+        }
+    };
     progress.abort();
     let r = result.map_err(|e| match e {
         kvferry_wire::WireError::DeadlineExceeded => {
@@ -228,4 +260,25 @@ async fn fetch(
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
     Ok(r)
+}
+
+/// The deadline a fetch gets: the request's, less the time a fallback recompute of the whole
+/// prefix would need (1.5 × the engine's measured profile estimate, plus 250 ms for the
+/// command's round trip), when the request allows a fallback and it fits; else the request's.
+pub fn fetch_deadline(p: &Prepared) -> Instant {
+    let total = p.hashes.len() * p.block_size as usize;
+    if p.tokens.len() < total {
+        return p.deadline;
+    }
+    let Ok(prof) = p.engine.profile.lock().map(|g| *g) else { return p.deadline };
+    let n = total as f64;
+    let estimate = prof.linear_s_per_token * n + prof.attention_s_per_pair * n * (n + 1.0) / 2.0;
+    if !(estimate.is_finite() && estimate >= 0.0) {
+        return p.deadline;
+    }
+    let reserve = Duration::from_secs_f64((1.5 * estimate).min(86_400.0)) + Duration::from_millis(250);
+    match p.deadline.checked_sub(reserve) {
+        Some(d) if d > Instant::now() => d,
+        _ => p.deadline,
+    }
 }

@@ -146,6 +146,7 @@ impl Daemon {
             landing: landing.clone(),
             metrics: metrics.clone(),
             egress: catalog::EgressCaps::new(&config.peers),
+            hint_threshold: config.policy.eviction_hints.then_some(config.policy.eviction_hint_pool_use),
         });
         let (bw, rtt) = config
             .peers

@@ -47,6 +47,7 @@ pub struct Metrics {
     pub lookups: Counter,
     pub lookup_hit_tokens: Counter,
     pub lookup_tokens: Counter,
+    pub eviction_hint_blocks: Counter,
     pub last_goodput_gbps: Gauge,
     pub last_prediction_error: Gauge,
 }
@@ -94,6 +95,11 @@ impl Metrics {
             "kvferry_served_requests_total",
             "Fetch requests served to peers.",
             &[("", self.served_requests.get())],
+        );
+        counter(
+            "kvferry_eviction_hint_blocks_total",
+            "Blocks engines were hinted to evict (served in full to a peer, pool under pressure).",
+            &[("", self.eviction_hint_blocks.get())],
         );
         counter(
             "kvferry_lookup_tokens_total",

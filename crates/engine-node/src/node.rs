@@ -320,7 +320,11 @@ async fn supervise(mut p: Parts) -> Result<(), NodeError> {
                 Ok(Some(cmd)) => {
                     let job = match cmd.command {
                         Some(Command::Recompute(r)) => Job::Recompute(r),
-                        Some(Command::Evict(h)) => Job::Evict(h.block_hashes.iter().filter_map(|b| hash_of(b)).collect()),
+                        Some(Command::Evict(h)) => {
+                            // A hint: the worker evicts only cached blocks no request uses.
+                            tracing::info!(blocks = h.block_hashes.len(), "eviction hint from the daemon");
+                            Job::Evict(h.block_hashes.iter().filter_map(|b| hash_of(b)).collect())
+                        }
                         None => continue,
                     };
                     if let Err(e) = p.jobs.submit(job) {

@@ -1,0 +1,274 @@
+//! A two-region cluster of real processes (two `kvferry daemon`s, two `kvferry engine`s on
+//! loopback), configurable per region, for the integration tests beside `e2e.rs`: extra daemon
+//! TOML per region (appended to the generated config), extra engine flags per region.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvferry_proto::v1::migration_client::MigrationClient;
+use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
+use kvferry_proto::v1::{GenerateRequest, GenerateResponse, MigrateSessionRequest, Policy, PolicyMode};
+use tonic::transport::{Channel, Endpoint};
+
+pub const TENANT: &str = "tenant-it";
+pub const NAMES: [&str; 2] = ["region-a", "region-b"];
+
+/// Per-region knobs.
+#[derive(Debug, Default, Clone)]
+pub struct RegionSpec {
+    /// TOML appended to the daemon's `[[peers]]` entry (keys of that entry).
+    pub peer_extra: String,
+    /// TOML appended after everything else (whole tables, e.g. `[transfer]`).
+    pub tail: String,
+    /// Extra `kvferry engine` flags (after the defaults; clap takes the last value).
+    pub engine_args: Vec<String>,
+    /// Start no engine in this region.
+    pub no_engine: bool,
+}
+
+pub struct Cluster {
+    pub root: tempfile::TempDir,
+    pub procs: Vec<(String, Child)>,
+    pub grpc: [SocketAddr; 2],
+    pub http: [SocketAddr; 2],
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.procs {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn free_tcp() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+pub fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+pub fn spawn(log: &Path, args: &[&str]) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_kvferry"))
+        .args(args)
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .unwrap()
+}
+
+pub fn wait_file(p: &Path, what: &str, procs: &mut [(String, Child)]) {
+    let t = Instant::now();
+    while !p.exists() {
+        for (name, c) in procs.iter_mut() {
+            if let Ok(Some(s)) = c.try_wait() {
+                panic!("{name} exited ({s}) while waiting for {what}");
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The engine flags every test uses (the e2e model: 2 layers, 1 KiB of KV per token).
+pub const ENGINE_ARGS: &[&str] = &[
+    "--layers",
+    "2",
+    "--hidden",
+    "128",
+    "--heads",
+    "4",
+    "--kv-heads",
+    "2",
+    "--head-dim",
+    "32",
+    "--ffn",
+    "256",
+    "--vocab",
+    "512",
+    "--num-blocks",
+    "2048",
+];
+
+impl Cluster {
+    pub fn dir(&self, i: usize) -> PathBuf {
+        self.root.path().join(NAMES[i])
+    }
+
+    pub fn dev_dir(&self) -> PathBuf {
+        self.root.path().join("dev-ca")
+    }
+
+    pub fn start(specs: [RegionSpec; 2]) -> Self {
+        let root = tempfile::Builder::new().prefix("kvferry-it-").tempdir().unwrap();
+        let grpc = [free_tcp(), free_tcp()];
+        let http = [free_tcp(), free_tcp()];
+        let peer = [free_udp(), free_udp()];
+        let dev = root.path().join("dev-ca");
+        kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
+        let mut procs = Vec::new();
+        for i in 0..2 {
+            let dir = root.path().join(NAMES[i]);
+            std::fs::create_dir_all(&dir).unwrap();
+            let cfg = format!(
+                "region = \"{}\"\ntrust_domain = \"kvferry.e2e\"\nrun_dir = \"{}\"\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = 10.0\nrtt_ms = 1.0\n{}\n[limits]\nstaging_bytes = 33554432\nlanding_zone_bytes = 268435456\nmax_tokens = 65536\n{}\n",
+                NAMES[i],
+                dir.display(),
+                grpc[i],
+                peer[i],
+                http[i],
+                dev.display(),
+                NAMES[1 - i],
+                peer[1 - i],
+                specs[i].peer_extra,
+                specs[i].tail,
+            );
+            let path = dir.join("kvferry.toml");
+            std::fs::write(&path, cfg).unwrap();
+            procs.push((
+                format!("daemon {}", NAMES[i]),
+                spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
+            ));
+        }
+        for (i, name) in NAMES.into_iter().enumerate() {
+            let dir = root.path().join(name);
+            wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
+            if specs[i].no_engine {
+                continue;
+            }
+            let ctl = dir.join("ctl.sock");
+            let id = format!("engine-{}", &name[7..]);
+            let mut args: Vec<&str> = vec![
+                "engine",
+                "--run-dir",
+                dir.to_str().unwrap(),
+                "--engine-id",
+                &id,
+                "--control",
+                ctl.to_str().unwrap(),
+            ];
+            // Defaults, less any flag the spec sets itself.
+            for pair in ENGINE_ARGS.chunks(2) {
+                if !specs[i].engine_args.iter().any(|a| a == pair[0]) {
+                    args.extend(pair);
+                }
+            }
+            args.extend(specs[i].engine_args.iter().map(String::as_str));
+            procs.push((id.clone(), spawn(&dir.join("engine.log"), &args)));
+        }
+        for (i, name) in NAMES.into_iter().enumerate() {
+            if !specs[i].no_engine {
+                wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
+            }
+        }
+        Self { root, procs, grpc, http }
+    }
+
+    pub async fn router(&self, i: usize) -> MigrationClient<Channel> {
+        let ch = Endpoint::from_shared(format!("http://{}", self.grpc[i])).unwrap().connect().await.unwrap();
+        MigrationClient::new(ch)
+    }
+
+    pub async fn engine(&self, i: usize) -> ReferenceEngineClient<Channel> {
+        let sock = self.dir(i).join("ctl.sock");
+        let ch = Endpoint::try_from("http://[::]:50051")
+            .unwrap()
+            .connect_with_connector(tower::service_fn(move |_| {
+                let sock = sock.clone();
+                async move {
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
+                        tokio::net::UnixStream::connect(sock).await?,
+                    ))
+                }
+            }))
+            .await
+            .unwrap();
+        ReferenceEngineClient::new(ch)
+    }
+
+    /// SIGKILL.
+    pub fn kill(&mut self, name: &str) {
+        for (n, c) in &mut self.procs {
+            if n == name {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    pub fn log(&self, i: usize, what: &str) -> String {
+        std::fs::read_to_string(self.dir(i).join(format!("{what}.log"))).unwrap_or_default()
+    }
+
+    /// `/metrics` of region `i`'s daemon.
+    pub async fn metrics(&self, i: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(self.http[i]).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut out = String::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out)).await.unwrap().unwrap();
+        out
+    }
+}
+
+/// The value of one sample line (`name{labels} value`) of a metrics text.
+pub fn metric(text: &str, sample: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no sample {sample} in:\n{text}"))
+}
+
+pub fn tokens(n: usize, seed: u64) -> Vec<u32> {
+    let mut x = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 512) as u32
+        })
+        .collect()
+}
+
+pub async fn generate(
+    c: &mut ReferenceEngineClient<Channel>,
+    t: &[u32],
+    use_cache: bool,
+) -> GenerateResponse {
+    c.generate(GenerateRequest { tenant: TENANT.into(), token_ids: t.to_vec(), max_new_tokens: 4, use_cache })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+pub fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequest {
+    MigrateSessionRequest {
+        session_id: session.into(),
+        tenant: TENANT.into(),
+        token_ids: t.to_vec(),
+        source_region: "region-a".into(),
+        deadline_ms: 30_000,
+        policy: Some(Policy { mode: mode as i32, allow_split: false, max_egress_bytes: 0 }),
+        ..Default::default()
+    }
+}
+
+/// Waits until `router`'s plan for `req` sees the source's blocks (engines report them
+/// asynchronously).
+pub async fn wait_for_source(router: &mut MigrationClient<Channel>, req: &MigrateSessionRequest) {
+    let t = Instant::now();
+    let full_blocks = (req.token_ids.len() / 16 * 16) as u64;
+    loop {
+        let plan = router.plan_migration(req.clone()).await.unwrap().into_inner();
+        if plan.source_tokens >= full_blocks {
+            return;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "the source's blocks never became visible: {plan:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
