@@ -63,6 +63,7 @@ pub struct BenchArgs {
 /// What a run resolves its flags to.
 #[derive(Debug, Clone)]
 struct Plan {
+    quick: bool,
     profiles: Vec<String>,
     sizes: Vec<u64>,
     baseline_bytes: u64,
@@ -96,6 +97,7 @@ fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
     }
     let decision_points = a.decision_points.unwrap_or(if a.quick { 4 } else { 8 });
     Ok(Plan {
+        quick: a.quick,
         profiles,
         sizes: sizes.iter().map(|s| s * MIB).collect(),
         baseline_bytes: baseline_mib * MIB,
@@ -180,7 +182,10 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             landing_bytes: (max_session + max_session / 2).max(512 * MIB),
         };
         let t_start = Instant::now();
-        let mut regions = Regions::start(&emu, root.path(), &opts).await?;
+        let mut regions = match Regions::start(&emu, root.path(), &opts).await {
+            Ok(r) => r,
+            Err(e) => bail!("profile {name}: {e:#} (logs kept in {})", root.keep().display()),
+        };
         println!(
             "  two regions up in {:.1} s (daemon + reference engine each, in namespaces)",
             t_start.elapsed().as_secs_f64()
@@ -399,21 +404,34 @@ async fn decisions(
 ) -> anyhow::Result<()> {
     let mut eng_a = regions.engine(Side::A).await?;
     let mut mig = regions.migration(Side::B).await?;
-    // The crossover as the daemon models it now (live link estimate, engine's profile).
-    let probe = session::prompt(64 * BLOCK_TOKENS as usize, seed);
+    // One long conversation held by region A: its prefixes show what the daemon models now
+    // (live link estimate, the engine's measured profile) at every length.
+    let max_tokens = (u64::from(shape.num_blocks) * BLOCK_TOKENS / 4).max(BLOCK_TOKENS);
+    let probe = session::prompt(max_tokens as usize, seed);
     seed += 1;
-    let d0 = session::plan(&mut mig, &probe, false).await?;
+    let held = session::fill(&mut eng_a, &probe).await?;
+    session::wait_for_holdings(&mut mig, &probe, held.tokens, Duration::from_secs(60)).await?;
+    // The longest point's recompute must stay affordable on this CPU: double the length while
+    // the daemon predicts a recompute under the budget.
+    let budget_s = if plan.quick { 3.0 } else { 12.0 };
+    let mut cap_tokens = BLOCK_TOKENS;
+    let mut d0 = session::plan(&mut mig, &probe[..cap_tokens as usize], false).await?;
+    while cap_tokens * 2 <= max_tokens {
+        let d = session::plan(&mut mig, &probe[..(cap_tokens * 2) as usize], false).await?;
+        if session::predicted(&d, "recompute").is_none_or(|s| s > budget_s) {
+            break;
+        }
+        cap_tokens *= 2;
+        d0 = d;
+    }
     let crossover = d0.crossover_tokens;
-    // Recompute of the longest point must stay affordable on this CPU: cap at ~20 s of prefill.
-    let per_tok = d0.recompute_s_per_token.max(1e-6);
-    let cap_tokens = ((20.0 / per_tok) as u64 / BLOCK_TOKENS * BLOCK_TOKENS)
-        .clamp(BLOCK_TOKENS, shape.num_blocks as u64 * BLOCK_TOKENS / 4);
     let lengths = sweep_lengths(crossover, plan.decision_points, cap_tokens);
     println!(
-        "  decisions: modeled crossover {} tokens (recompute {:.3} ms/token, {} KiB/token); prefixes {:?}",
+        "  decisions: modeled crossover {} tokens (linear recompute {:.3} ms/token, {} KiB/token, {:.3} ms/token on the wire at the live estimate); prefixes {:?}",
         crossover.map_or("none".into(), |x| format!("{x:.0}")),
-        per_tok * 1e3,
+        d0.recompute_s_per_token * 1e3,
         shape.bytes_per_token() / 1024,
+        session::predicted(&d0, "fetch").map_or(f64::NAN, |f| (f - link.rtt_s) / cap_tokens as f64 * 1e3),
         lengths
     );
     for &n in &lengths {

@@ -320,10 +320,13 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let fetch_tokens = (held - local) * bs;
     let kv = footprint(&p.engine)?;
     // Live load on both paths (M/M/1): the source's serving staging occupancy prices the fetch
-    // path, the target engine's reported utilization the compute path; each path's service rate
+    // path, the target engine's reported utilization (when it has work queued) the compute path;
+    // each path's service rate
     // is one migration of this size per its idle cost.
     let fetch_rho = fetch_utilization(p.source_load.as_ref());
-    let compute_rho = p.engine.load.lock().map(|l| l.utilization).unwrap_or(0.0).clamp(0.0, 0.95);
+    // An engine with nothing queued at its last report (it also reports the moment its queue
+    // drains) starts a recompute at once: its recent busy fraction is history, not a queue.
+    let compute_rho = p.engine.load.lock().map(|l| compute_utilization(&l)).unwrap_or(0.0);
     let queues = (fetch_rho > 0.0 || compute_rho > 0.0).then(|| {
         let fetch_idle = link.fetch_seconds(fetch_tokens as u64, kv.bytes_per_token()).max(1e-6);
         let compute_idle = compute.recompute_seconds(fetch_tokens as u64).max(1e-6);
@@ -387,6 +390,15 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         planned.predicted_s = d.recompute.seconds;
     }
     Ok(planned)
+}
+
+/// Compute-path utilization from the engine's last load report: 0 when nothing was queued
+/// (the engine starts a new job at once), else its busy fraction, capped at 0.95.
+pub fn compute_utilization(load: &crate::registry::EngineLoad) -> f64 {
+    if load.queue_depth == 0 || !load.utilization.is_finite() {
+        return 0.0;
+    }
+    load.utilization.clamp(0.0, 0.95)
 }
 
 /// Fetch-path utilization from a source's load report: its serving staging occupancy, capped
@@ -458,5 +470,21 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
         prediction_error: f.prediction_error,
         connected,
         samples: f.samples.min(u64::from(u32::MAX)) as u32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compute_utilization;
+    use crate::registry::EngineLoad;
+
+    #[test]
+    fn an_idle_engine_has_no_queue_and_a_busy_one_is_capped() {
+        // Busy a moment ago but nothing queued now: a new recompute starts at once.
+        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 0, utilization: 0.9 }), 0.0);
+        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 2, utilization: 0.6 }), 0.6);
+        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 9, utilization: 1.0 }), 0.95);
+        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 1, utilization: f64::NAN }), 0.0);
+        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 1, utilization: -1.0 }), 0.0);
     }
 }

@@ -370,7 +370,10 @@ async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration) {
     tick.tick().await;
     let mut last = (Instant::now(), Duration::ZERO);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = shared.drained.notified() => {}
+        }
         let now = Instant::now();
         let busy = shared.busy.lock().expect("busy lock").busy_at(now);
         let span = now.saturating_duration_since(last.0).as_secs_f64();

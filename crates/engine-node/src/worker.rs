@@ -89,6 +89,9 @@ pub struct Shared {
     pub busy: Mutex<BusyClock>,
     /// The profile after the last job (EWMA-refreshed by served prefills).
     pub profile: Mutex<Option<CoreProfile>>,
+    /// Signalled when the queue drains, so the daemon hears "idle" at once rather than up to
+    /// a report interval late (a stale "busy" would price the next recompute with a queue).
+    pub drained: tokio::sync::Notify,
 }
 
 /// The daemon side of the worker: client, lease, events, RPC deadline.
@@ -165,7 +168,9 @@ impl Worker {
                 busy.since = None;
             }
             *self.shared.profile.lock().expect("profile lock") = self.engine.profile().cloned();
-            self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            if self.shared.queued.fetch_sub(1, Ordering::Relaxed) == 1 {
+                self.shared.drained.notify_one();
+            }
         }
         tracing::debug!("engine worker: job queue closed, exiting");
     }
