@@ -3,10 +3,12 @@
 #
 # Builds with --features cuda, runs the CUDA tests (the conformance suite in-process with both
 # copy paths and over real CUDA IPC with a child engine process, plus the IPC/cancellation
-# tests) with their output, then the bench printing gather/scatter GiB/s for 64 x 2 MiB blocks
-# (and 4096 x 32 KiB) next to a plain device<->host cuMemcpy of the same bytes, measured in the
-# same run. Results go to $OUT when it is set (cuda-tests.log, cuda_bench.txt, cuda_bench.jsonl,
-# gpu-check.log).
+# tests) with their output, then the daemon's RegisterPool with a real CUDA IPC pool
+# (`cargo test -p kvferry-daemon --features cuda --test cuda_register -- --nocapture`, built
+# ahead as a binary like the others), then the bench printing gather/scatter GiB/s for
+# 64 x 2 MiB blocks (and 4096 x 32 KiB) next to a plain device<->host cuMemcpy of the same
+# bytes, measured in the same run. Results go to $OUT when it is set (cuda-tests.log,
+# cuda_bench.txt, cuda_bench.jsonl, gpu-check.log).
 #
 # Usage (from the repository root):
 #   native/gpu-check.sh                  build here with cargo, then run
@@ -63,7 +65,18 @@ build() {
   cp "$lib_bin" "$dest/unit-tests"
   cp "$cuda_bin" "$dest/cuda-tests"
   cp "$CARGO_TARGET_DIR/release/examples/cuda_bench" "$dest/cuda_bench"
-  log "binaries in $dest: $(cd "$dest" && ls -l unit-tests cuda-tests cuda_bench | awk '{print $NF" "$5}' | tr '\n' ' ')"
+  # The daemon's RegisterPool over CUDA IPC (crates/daemon/tests/cuda_register.rs): a daemon
+  # in process, the engine a child process. Stripped: it links the whole daemon.
+  log "building kvferry-daemon --features cuda --test cuda_register (release)"
+  json="$(cargo test -p kvferry-daemon --features cuda --release --no-run --test cuda_register --message-format=json)"
+  local reg_bin
+  reg_bin="$(grep '"name":"cuda_register"' <<<"$json" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 | tail -n1 || true)"
+  if [[ -z "$reg_bin" ]]; then
+    reg_bin="$(ls -t "$CARGO_TARGET_DIR"/release/deps/cuda_register-* | grep -v '\.d$' | head -n1)"
+  fi
+  cp "$reg_bin" "$dest/daemon-cuda-register"
+  strip "$dest/daemon-cuda-register" 2>/dev/null || true
+  log "binaries in $dest: $(cd "$dest" && ls -l unit-tests cuda-tests cuda_bench daemon-cuda-register | awk '{print $NF" "$5}' | tr '\n' ' ')"
 }
 
 # Make libnvrtc loadable by the names cudarc tries (libnvrtc.so, libnvrtc.so.12, ...): CUDA 13
@@ -114,6 +127,15 @@ run() {
   set -e
   if [[ $rc -ne 0 ]]; then
     log "CUDA tests FAILED (exit $rc)"
+    exit "$rc"
+  fi
+  log "daemon: RegisterPool with a CUDA IPC pool (engine in a child process), read back through the daemon"
+  set +e
+  "$bins/daemon-cuda-register" --test-threads=1 --nocapture 2>&1 | tee -a "$tlog"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [[ $rc -ne 0 ]]; then
+    log "daemon CUDA RegisterPool tests FAILED (exit $rc)"
     exit "$rc"
   fi
   if [[ $gpu -eq 1 ]] && grep -q 'SKIPPED: no CUDA driver' "$tlog"; then

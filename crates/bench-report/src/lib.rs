@@ -10,9 +10,11 @@ pub mod plots;
 pub mod report;
 pub mod sample;
 pub mod stats;
+pub mod targets;
 
 pub use check::check;
 pub use markdown::markdown;
 pub use plots::{PlotError, decision_map, fetch_time_plot, goodput_plot, write_all};
 pub use report::*;
 pub use stats::{ALL_PROFILES, Outcome, Winner, outcome, summaries, summarize};
+pub use targets::target_notes;

@@ -136,6 +136,81 @@ pub fn attach_nixl(
     Ok(Arc::new(backend))
 }
 
+/// Parses a CUDA IPC pool descriptor (kvferry_pool_cuda's JSON form), validates its shape and
+/// checks its regions against the layout's: one IPC region per layout region, each at least as
+/// long. Needs no driver (and no `cuda` feature): malformed input is refused the same way on
+/// every host.
+pub fn parse_cuda_descriptor(
+    descriptor_json: &[u8],
+    region_lens: &[u64],
+) -> Result<kvferry_pool_cuda::CudaIpcDescriptor, DaemonError> {
+    let desc: kvferry_pool_cuda::CudaIpcDescriptor = serde_json::from_slice(descriptor_json)
+        .map_err(|e| DaemonError::Invalid(format!("cuda.descriptor_json: {e}")))?;
+    desc.validate().map_err(|e| DaemonError::Invalid(format!("cuda.descriptor_json: {e}")))?;
+    if desc.handles.len() != region_lens.len() {
+        return Err(DaemonError::Invalid(format!(
+            "the CUDA IPC descriptor has {} regions, the layout has {} (one IPC region per layout region)",
+            desc.handles.len(),
+            region_lens.len()
+        )));
+    }
+    for (i, (r, &want)) in desc.handles.iter().zip(region_lens).enumerate() {
+        if r.len < want {
+            return Err(DaemonError::Invalid(format!(
+                "CUDA IPC region {i} is {} bytes, the layout needs {want}",
+                r.len
+            )));
+        }
+    }
+    Ok(desc)
+}
+
+/// Parses and checks a CUDA IPC pool descriptor ([`parse_cuda_descriptor`]), then opens the
+/// engine's device memory with `cuIpcOpenMemHandle` (the daemon never frees it; the mappings
+/// close when the backend drops). Blocking (driver calls, a copy-path measurement on scratch
+/// memory): call it off the async executor.
+///
+/// A daemon built without the `cuda` feature, or on a host with no usable driver, refuses a
+/// well-formed descriptor with FAILED_PRECONDITION.
+pub fn attach_cuda(
+    descriptor_json: &[u8],
+    region_lens: &[u64],
+) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
+    let desc = parse_cuda_descriptor(descriptor_json, region_lens)?;
+    open_cuda(&desc)
+}
+
+#[cfg(feature = "cuda")]
+fn open_cuda(desc: &kvferry_pool_cuda::CudaIpcDescriptor) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
+    use kvferry_pool_cuda::{CudaBackend, CudaBackendConfig, unavailable_reason};
+    // Probe first: cudarc (dynamic loading) panics on a call into a library it cannot load.
+    if let Some(reason) = unavailable_reason() {
+        return Err(DaemonError::Precondition(format!("no CUDA driver on this host ({reason})")));
+    }
+    let backend = CudaBackend::open(desc, CudaBackendConfig::default()).map_err(|e| {
+        let e = DaemonError::from(e);
+        tracing::warn!(device = desc.device, error = %e, "cannot open the CUDA IPC pool");
+        e
+    })?;
+    let (gather, scatter) = backend.paths();
+    tracing::info!(
+        device = desc.device,
+        regions = desc.handles.len(),
+        mappings = backend.ipc_mappings(),
+        ?gather,
+        ?scatter,
+        "CUDA IPC pool opened"
+    );
+    Ok(Arc::new(backend))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_desc: &kvferry_pool_cuda::CudaIpcDescriptor) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
+    Err(DaemonError::Precondition(
+        "this daemon was built without the `cuda` feature (cargo build --features cuda)".into(),
+    ))
+}
+
 /// The Engine service.
 #[derive(Debug)]
 pub struct EngineService {
@@ -198,11 +273,12 @@ impl Engine for EngineService {
                     .await
                     .map_err(|e| DaemonError::Internal(format!("NIXL attach task: {e}")))??
             }
-            Some(register_pool_request::Access::Cuda(_)) => {
-                return Err(DaemonError::Precondition(
-                    "this daemon build serves shm and NIXL pools; CUDA IPC pools attach through crates/pool-cuda but are not wired to RegisterPool yet".into(),
-                )
-                .into());
+            Some(register_pool_request::Access::Cuda(cuda)) => {
+                let json = cuda.descriptor_json;
+                let lens = layout.region_lens().to_vec();
+                tokio::task::spawn_blocking(move || attach_cuda(&json, &lens))
+                    .await
+                    .map_err(|e| DaemonError::Internal(format!("CUDA attach task: {e}")))??
             }
             None => return Err(DaemonError::Invalid("access is required".into()).into()),
         };

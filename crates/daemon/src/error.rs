@@ -52,3 +52,24 @@ impl From<kvferry_pool::PoolError> for DaemonError {
         }
     }
 }
+
+impl From<kvferry_pool_cuda::CudaError> for DaemonError {
+    /// Errors opening an engine's CUDA IPC pool. The descriptor's shape was checked before
+    /// (INVALID_ARGUMENT); what is left is about this host: no driver, a handle that does not
+    /// open here (foreign, stale, wrong device), a region past its allocation, a failed driver
+    /// call. All of these are preconditions the engine or operator must fix, except a deadline
+    /// (retryable) and pool-contract errors (mapped as above).
+    fn from(e: kvferry_pool_cuda::CudaError) -> Self {
+        use kvferry_pool_cuda::CudaError;
+        match e {
+            CudaError::Pool(p) => p.into(),
+            CudaError::Deadline(_) => DaemonError::Unavailable(format!("CUDA IPC pool: {e}")),
+            CudaError::Unavailable(_)
+            | CudaError::Descriptor(_)
+            | CudaError::Driver { .. }
+            | CudaError::Kernel(_) => {
+                DaemonError::Precondition(format!("cannot open the CUDA IPC pool: {e}"))
+            }
+        }
+    }
+}

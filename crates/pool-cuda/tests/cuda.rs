@@ -112,12 +112,15 @@ impl ChildEngine {
             if io.2.read_line(&mut line)? == 0 {
                 return Err("engine child exited".into());
             }
+            // Searched, not stripped: with one test thread libtest prints "test engine_child ... "
+            // on the same line before the child's first reply (a prefix match never sees it and
+            // waits forever).
             let l = line.trim_end();
-            if let Some(rest) = l.strip_prefix(tag) {
-                return Ok(rest.trim_start().to_string());
+            if let Some(at) = l.find(tag) {
+                return Ok(l[at + tag.len()..].trim_start().to_string());
             }
-            if let Some(err) = l.strip_prefix("KVF-ERR") {
-                return Err(format!("engine child: {err}").into());
+            if let Some(at) = l.find("KVF-ERR") {
+                return Err(format!("engine child: {}", &l[at + "KVF-ERR".len()..]).into());
             }
         }
     }
