@@ -215,7 +215,7 @@ impl Regions {
         std::fs::write(a.dir.join("kvferry.toml"), config(&a, &b, &dev_dir, o))?;
         std::fs::write(b.dir.join("kvferry.toml"), config(&b, &a, &dev_dir, o))?;
         let mut children = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_secs(300);
         for r in [&mut a, &mut b] {
             let cfg = r.dir.join("kvferry.toml");
             let log = std::fs::File::create(r.dir.join("daemon.log"))?;
