@@ -293,18 +293,7 @@ mod tests {
     use crate::sample::sample_report;
 
     fn empty() -> BenchReport {
-        BenchReport {
-            command: String::new(),
-            started_unix: 0,
-            host: String::new(),
-            quick: false,
-            transfers: vec![],
-            baselines: vec![],
-            decisions: vec![],
-            decision_summary: vec![],
-            splits: vec![],
-            notes: vec![],
-        }
+        BenchReport::default()
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub struct DecisionSummary {
 }
 
 /// Everything one `kvferry bench` run measured.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
     /// The exact command line.
     pub command: String,

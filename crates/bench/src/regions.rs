@@ -163,19 +163,6 @@ async fn ns_channel(ns_path: PathBuf, to: SocketAddr) -> anyhow::Result<Channel>
         .await?)
 }
 
-async fn uds_channel(sock: PathBuf) -> anyhow::Result<Channel> {
-    Ok(Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let sock = sock.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(sock).await?,
-                ))
-            }
-        }))
-        .await?)
-}
-
 /// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
@@ -309,7 +296,8 @@ impl Regions {
 
     /// The ReferenceEngine control client of the engine on `side`.
     pub async fn engine(&self, side: Side) -> anyhow::Result<ReferenceEngineClient<Channel>> {
-        let ch = uds_channel(self.region(side).dir.join("engine-ctl.sock")).await?;
+        let ch =
+            kvferry_engine_node::daemon::connect_uds(&self.region(side).dir.join("engine-ctl.sock")).await?;
         Ok(ReferenceEngineClient::new(ch)
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20))

@@ -147,18 +147,8 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
     let shape = EngineShape::bench(max_session.max(plan.baseline_bytes));
     let started =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let mut report = BenchReport {
-        command,
-        started_unix: started,
-        host: host(),
-        quick: a.quick,
-        transfers: vec![],
-        baselines: vec![],
-        decisions: vec![],
-        decision_summary: vec![],
-        splits: vec![],
-        notes: vec![],
-    };
+    let mut report =
+        BenchReport { command, started_unix: started, host: host(), quick: a.quick, ..Default::default() };
     println!(
         "kvferry bench: {} profiles, sessions {:?} MiB; engine KV {} KiB/token; {}",
         plan.profiles.len(),
@@ -332,17 +322,11 @@ async fn profile_body(
                 },
                 // A baseline that cannot finish (e.g. CUBIC with quinn's windows on a lossy
                 // link) is a finding, not a failure of the bench: record why and go on.
-                Err(e) => BaselinePoint {
-                    link: link.clone(),
-                    name: name.to_owned(),
-                    bytes,
-                    wall_s: 0.0,
-                    goodput_bps: 0.0,
-                    cpu_s_sender: 0.0,
-                    cpu_s_receiver: 0.0,
-                    verified: false,
-                    note: format!("skipped: did not complete: {e:#}"),
-                },
+                Err(e) => BaselinePoint::skipped(
+                    link.clone(),
+                    name,
+                    &format!("did not complete {} MiB: {e:#}", bytes / MIB),
+                ),
             };
             println!(
                 "  baseline {:<15} {:>5} MiB: {:.2} s, {:.0} Mbit/s, verified {} {}",

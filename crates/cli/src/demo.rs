@@ -123,17 +123,7 @@ async fn wait_for(
 }
 
 async fn engine_client(sock: PathBuf) -> anyhow::Result<ReferenceEngineClient<Channel>> {
-    let ch = Endpoint::try_from("http://[::]:50051")?
-        .connect_with_connector(tower::service_fn(move |_| {
-            let sock = sock.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(sock).await?,
-                ))
-            }
-        }))
-        .await?;
-    Ok(ReferenceEngineClient::new(ch))
+    Ok(ReferenceEngineClient::new(kvferry_engine_node::daemon::connect_uds(&sock).await?))
 }
 
 async fn generate(
