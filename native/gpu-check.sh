@@ -122,7 +122,7 @@ run() {
   log "CUDA tests (conformance in-process memcpy + kernel, over IPC, IPC behaviour, cancellation)"
   # One test at a time: the timings printed are then not disturbed by other tests.
   set +e
-  "$bins/cuda-tests" --test-threads=1 --nocapture 2>&1 | tee -a "$tlog"
+  "$bins/cuda-tests" --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$tlog"
   local rc=${PIPESTATUS[0]}
   set -e
   if [[ $rc -ne 0 ]]; then
@@ -131,7 +131,7 @@ run() {
   fi
   log "daemon: RegisterPool with a CUDA IPC pool (engine in a child process), read back through the daemon"
   set +e
-  "$bins/daemon-cuda-register" --test-threads=1 --nocapture 2>&1 | tee -a "$tlog"
+  "$bins/daemon-cuda-register" --include-ignored --test-threads=1 --nocapture 2>&1 | tee -a "$tlog"
   rc=${PIPESTATUS[0]}
   set -e
   if [[ $rc -ne 0 ]]; then

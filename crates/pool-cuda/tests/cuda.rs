@@ -1,8 +1,9 @@
 //! The CUDA backend against the shared conformance suite and its own IPC behaviour.
 //!
-//! Every test first asks whether a driver and a device are present; without them it prints
-//! `SKIPPED: no CUDA driver (...)` and passes, after checking that every entry point reports
-//! the absence as an error instead of panicking. With a GPU:
+//! `without_a_driver_every_entry_point_errs` runs everywhere and checks that every entry point
+//! reports a missing driver as an error instead of panicking. Every test that needs a GPU is
+//! `#[ignore]`d with that reason (so a machine without one reports it skipped, not passed) and
+//! fails if asked for where no driver is present. With a GPU (`--include-ignored`):
 //! - the suite runs in-process (engine memory of this process) once with the copy engines and
 //!   once with the NVRTC kernel forced, so both paths are checked byte for byte;
 //! - the suite runs over real CUDA IPC: a process cannot open its own handles, so each pool's
@@ -29,14 +30,15 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-/// True (after saying so) when there is no usable CUDA driver/device.
-fn skip(test: &str) -> bool {
-    match unavailable_reason() {
-        Some(reason) => {
-            say(&format!("SKIPPED: no CUDA driver ({reason}): {test}"));
-            true
-        }
-        None => false,
+/// Reason string of the `#[ignore]` on every test that needs a GPU: run them with
+/// `--include-ignored` where a device is present (native/gpu-check.sh does).
+const NEEDS_GPU: &str = "needs a CUDA driver and device (native/gpu-check.sh runs it)";
+
+/// Fails the test when there is no usable CUDA driver/device: these tests are `#[ignore]`d,
+/// so reaching here means someone asked for them on a machine expected to have a GPU.
+fn require_gpu(test: &str) {
+    if let Some(reason) = unavailable_reason() {
+        panic!("{test}: {NEEDS_GPU}; no CUDA driver here ({reason})");
     }
 }
 
@@ -84,7 +86,7 @@ impl ChildEngine {
             u8::from(ready_event)
         );
         let mut child = Command::new(std::env::current_exe()?)
-            .args(["engine_child", "--exact", "--nocapture", "--test-threads=1"])
+            .args(["engine_child", "--exact", "--ignored", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, spec)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -159,8 +161,9 @@ impl Fixture for OverIpc {
     }
 }
 
-/// Not a test of its own: the engine process of the IPC tests (does nothing unless spawned).
+/// Not a test of its own: the engine process of the IPC tests, run only when they spawn it.
 #[test]
+#[ignore = "helper process of the IPC tests (spawned with --ignored)"]
 fn engine_child() {
     let Ok(spec) = std::env::var(CHILD_ENV) else { return };
     let out = std::io::stdout();
@@ -230,18 +233,16 @@ fn without_a_driver_every_entry_point_errs() {
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn conformance_in_process_memcpy() {
-    if skip("conformance_in_process_memcpy") {
-        return;
-    }
+    require_gpu("conformance_in_process_memcpy");
     conformance::run_all(&InProcess(fixed(CopyPath::Memcpy)));
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn conformance_in_process_kernel() {
-    if skip("conformance_in_process_kernel") {
-        return;
-    }
+    require_gpu("conformance_in_process_kernel");
     let probe = Arc::new(EnginePool::allocate(0, &[4096]).expect("allocate"));
     if let Err(e) = probe.in_process_backend(fixed(CopyPath::Kernel)) {
         panic!("kernel path unusable on a machine with a GPU (is libnvrtc on the library path?): {e}");
@@ -250,10 +251,9 @@ fn conformance_in_process_kernel() {
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn conformance_over_ipc() {
-    if skip("conformance_over_ipc") {
-        return;
-    }
+    require_gpu("conformance_over_ipc");
     // Every case once (each pool is a new engine process, so the full seed matrix would be slow).
     let fx = OverIpc;
     let seed = conformance::seeds()[0];
@@ -272,10 +272,9 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn ipc_shares_handles_waits_on_ready_event_and_never_frees() {
-    if skip("ipc_shares_handles_waits_on_ready_event_and_never_frees") {
-        return;
-    }
+    require_gpu("ipc_shares_handles_waits_on_ready_event_and_never_frees");
     let rt = rt();
     let (engine, desc) = ChildEngine::spawn(&[8192, 4096, 100], true).expect("engine child");
     assert!(desc.ready_event.is_some());
@@ -312,10 +311,9 @@ fn ipc_shares_handles_waits_on_ready_event_and_never_frees() {
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn foreign_or_stale_handles_are_bad_metadata() {
-    if skip("foreign_or_stale_handles_are_bad_metadata") {
-        return;
-    }
+    require_gpu("foreign_or_stale_handles_are_bad_metadata");
     let desc = CudaIpcDescriptor {
         handles: vec![IpcRegion { handle: [0x5a; IPC_HANDLE_LEN], offset: 0, len: 4096 }],
         device: 0,
@@ -342,10 +340,9 @@ fn foreign_or_stale_handles_are_bad_metadata() {
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn cancelled_batches_finish_before_staging_is_released() {
-    if skip("cancelled_batches_finish_before_staging_is_released") {
-        return;
-    }
+    require_gpu("cancelled_batches_finish_before_staging_is_released");
     let rt = rt();
     let pool = Arc::new(EnginePool::allocate(0, &[64 << 20]).expect("allocate"));
     for path in [CopyPath::Memcpy, CopyPath::Kernel] {
@@ -375,10 +372,9 @@ async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> std::ta
 }
 
 #[test]
+#[ignore = "needs a CUDA driver and device (native/gpu-check.sh runs it)"]
 fn calibration_reports_both_paths() {
-    if skip("calibration_reports_both_paths") {
-        return;
-    }
+    require_gpu("calibration_reports_both_paths");
     let pool = Arc::new(EnginePool::allocate(0, &[4096]).expect("allocate"));
     let backend = pool.in_process_backend(CudaBackendConfig::default()).expect("backend");
     let t = backend.calibrate(64 << 10, 64, 2).expect("calibrate");

@@ -1,7 +1,7 @@
 //! Fidelity and clean-up tests of the emulator against its own configuration.
 //!
-//! They need root and `/dev/net/tun`; without them each test prints a loud `SKIPPED` line
-//! and passes (CI runs as root, so there they run). Each test creates its own uniquely named
+//! They need root and `/dev/net/tun` (this machine kind and CI have both); without them they
+//! fail rather than pass vacuously. Each test creates its own uniquely named
 //! namespaces; they still take turns (a process-wide lock) so that one test's traffic does not
 //! perturb another's timing on a small machine. Every wait is bounded; the file runs in ~10 s.
 
@@ -13,16 +13,12 @@ use kvferry_wanem::{Emulator, EmulatorConfig, LinkProfile, PathProfile, Side, ch
 
 static TURN: Mutex<()> = Mutex::new(());
 
-/// `Some(turn)` when the emulator can run here (hold the guard for the whole test); `None`
-/// after printing a loud SKIPPED line otherwise.
-fn supported(test: &str) -> Option<MutexGuard<'static, ()>> {
-    match check_support() {
-        Ok(()) => Some(TURN.lock().unwrap_or_else(|p| p.into_inner())),
-        Err(e) => {
-            skipped(&format!("\n!!!!!!!!!! SKIPPED {test}: {e} !!!!!!!!!!\n"));
-            None
-        }
+/// The turn (hold the guard for the whole test); fails the test where the emulator cannot run.
+fn supported(test: &str) -> MutexGuard<'static, ()> {
+    if let Err(e) = check_support() {
+        panic!("{test} needs root and /dev/net/tun (this machine kind and CI have both): {e}");
     }
+    TURN.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn listed_namespaces() -> String {
@@ -62,19 +58,19 @@ fn check_rtt(rtt_ms: u64, probes: usize) {
 
 #[test]
 fn rtt_20ms_within_5_percent() {
-    let Some(_turn) = supported("rtt_20ms_within_5_percent") else { return };
+    let _turn = supported("rtt_20ms_within_5_percent");
     check_rtt(20, 40);
 }
 
 #[test]
 fn rtt_100ms_within_5_percent() {
-    let Some(_turn) = supported("rtt_100ms_within_5_percent") else { return };
+    let _turn = supported("rtt_100ms_within_5_percent");
     check_rtt(100, 15);
 }
 
 #[test]
 fn tcp_single_stream_100mbit_within_10_percent() {
-    let Some(_turn) = supported("tcp_single_stream_100mbit_within_10_percent") else { return };
+    let _turn = supported("tcp_single_stream_100mbit_within_10_percent");
     let emu = Emulator::start_path(PathProfile::preset("100mbit-20ms").unwrap()).unwrap();
     let r = tcp_bulk(&emu, Side::A, Duration::from_secs(4), Duration::from_secs(1)).unwrap();
     let s = emu.stats();
@@ -93,7 +89,7 @@ fn tcp_single_stream_100mbit_within_10_percent() {
 
 #[test]
 fn loss_1_percent_within_binomial_tolerance() {
-    let Some(_turn) = supported("loss_1_percent_within_binomial_tolerance") else { return };
+    let _turn = supported("loss_1_percent_within_binomial_tolerance");
     let lossy = LinkProfile { loss: 0.01, ..LinkProfile::clean() };
     let emu = Emulator::start(lossy, LinkProfile::clean()).unwrap();
     let n = 20_000u64;
@@ -121,7 +117,7 @@ fn loss_1_percent_within_binomial_tolerance() {
 
 #[test]
 fn reverse_direction_is_independent() {
-    let Some(_turn) = supported("reverse_direction_is_independent") else { return };
+    let _turn = supported("reverse_direction_is_independent");
     // 30 ms one way A->B, 0 ms back: RTT 30 ms from either side.
     let ab = LinkProfile { one_way_delay: Duration::from_millis(30), ..LinkProfile::clean() };
     let emu = Emulator::start(ab, LinkProfile::clean()).unwrap();
@@ -132,7 +128,7 @@ fn reverse_direction_is_independent() {
 
 #[test]
 fn drop_removes_namespaces_and_processes() {
-    let Some(_turn) = supported("drop_removes_namespaces_and_processes") else { return };
+    let _turn = supported("drop_removes_namespaces_and_processes");
     let mut cfg = EmulatorConfig::new(PathProfile::preset("clean").unwrap());
     cfg.seed = Some(1);
     let emu = Emulator::with_config(cfg).unwrap();
@@ -150,7 +146,7 @@ fn drop_removes_namespaces_and_processes() {
 
 #[test]
 fn jitter_stays_within_its_bounds() {
-    let Some(_turn) = supported("jitter_stays_within_its_bounds") else { return };
+    let _turn = supported("jitter_stays_within_its_bounds");
     // One-way 10 ms + uniform [0, 4] ms each way: RTT in [20, 28] ms, mean ~24 ms.
     let link = LinkProfile {
         one_way_delay: Duration::from_millis(10),
@@ -175,7 +171,7 @@ fn jitter_stays_within_its_bounds() {
 
 #[test]
 fn reordering_is_applied_and_nothing_else_is_lost() {
-    let Some(_turn) = supported("reordering_is_applied_and_nothing_else_is_lost") else { return };
+    let _turn = supported("reordering_is_applied_and_nothing_else_is_lost");
     let link = LinkProfile {
         one_way_delay: Duration::from_millis(2),
         reorder: 0.05,
@@ -192,10 +188,4 @@ fn reordering_is_applied_and_nothing_else_is_lost() {
     // A held packet arrives after the ones sent in the next 2 ms (~40 at 20k/s), so nearly
     // every one of them is seen out of order.
     assert!(r.out_of_order as f64 >= 0.8 * held as f64, "{} vs {held}", r.out_of_order);
-}
-
-/// Writes straight to stderr, past the test harness's output capture, so the line is seen.
-fn skipped(msg: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr(), "{msg}");
 }
