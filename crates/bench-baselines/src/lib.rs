@@ -38,6 +38,7 @@
 use std::time::Duration;
 
 mod nixl;
+#[cfg(feature = "nixl")]
 pub mod nixl_peer;
 mod pair;
 mod quic;

@@ -41,6 +41,10 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Measure real goodput and real decisions against the model over an emulated WAN (root).
     Bench(Box<kvferry_bench::BenchArgs>),
+    /// The NIXL helper process of one pool (spawned by the daemon with a socket as stdin; the
+    /// only process that loads an engine's NIXL metadata).
+    #[command(name = "nixl-helper", hide = true)]
+    NixlHelper,
 }
 
 fn init_logging(default: &str) {
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
     };
     let (result, error_code) = match cli.command {
         Command::Plan(args) => (plan::run(&args), 2),
+        Command::NixlHelper => return kvferry_pool_nixl::helper_main(),
         other => {
             init_logging(match other {
                 Command::Daemon(_) | Command::Engine(_) => "info",
@@ -83,7 +88,7 @@ fn main() -> ExitCode {
                             let cmd = std::env::args().collect::<Vec<_>>().join(" ");
                             kvferry_bench::run(&a, cmd).await.map(|_| ())
                         }
-                        Command::Plan(_) => Ok(()),
+                        Command::Plan(_) | Command::NixlHelper => Ok(()),
                     }
                 }),
                 Err(e) => Err(e.into()),

@@ -72,26 +72,34 @@ pub fn hashes_for(tenant: &str, tokens: &[u32], block_size: u32) -> Vec<BlockHas
     kvferry_layout::block_hashes(tenant.as_bytes(), tokens, block_size)
 }
 
-/// Environment variable naming the NIXL metadata checker binary (`kvferry-nixl-engine`).
-pub const NIXL_CHECKER_ENV: &str = "KVFERRY_NIXL_METADATA_CHECKER";
+/// Environment variable naming the NIXL helper program (run as `PROGRAM --nixl-helper`, as
+/// `kvferry-nixl-engine` is); it overrides the automatic choice.
+pub const NIXL_HELPER_ENV: &str = "KVFERRY_NIXL_HELPER";
 
-/// The isolated NIXL metadata checker to use, if one is available: `$KVFERRY_NIXL_METADATA_CHECKER`
-/// (empty: none), else a `kvferry-nixl-engine` next to the running executable.
+/// Name of the hidden `kvferry` subcommand that runs the NIXL helper process.
+pub const KVFERRY_HELPER_SUBCOMMAND: &str = "nixl-helper";
+
+/// The program that runs each NIXL pool's helper process: `$KVFERRY_NIXL_HELPER`, else the
+/// running `kvferry` binary itself (`kvferry nixl-helper`), else a `kvferry-nixl-engine` next
+/// to the running executable (or one directory up, where cargo puts binaries for test
+/// executables). `None` when there is none: NIXL registrations are then refused.
 ///
-/// Loading an engine's metadata hands its packed UCX keys to UCX, which trusts them: corrupted
-/// keys can crash the loading process (crates/pool-nixl/FINDINGS.md). The checker loads the
-/// blob in a throwaway process first; it costs one short-lived process and NIXL agent per
-/// registration (not measured here; registration is rare), so the daemon uses it whenever
-/// it can find one. Without one it loads the metadata directly and logs a warning: the JSON,
-/// header, name and region checks still run, but a well-framed blob with corrupted keys could
-/// bring the daemon down.
-pub fn nixl_metadata_checker() -> Option<std::path::PathBuf> {
-    if let Some(p) = std::env::var_os(NIXL_CHECKER_ENV) {
-        return (!p.is_empty()).then(|| p.into());
+/// The engine's NIXL metadata is loaded only in that helper: handing its packed UCX keys to
+/// UCX can crash the loading process (crates/pool-nixl/FINDINGS.md, `proxy` module docs).
+pub fn nixl_helper() -> Option<kvferry_pool_nixl::HelperCommand> {
+    use kvferry_pool_nixl::HelperCommand;
+    if let Some(p) = std::env::var_os(NIXL_HELPER_ENV) {
+        return (!p.is_empty()).then(|| HelperCommand::nixl_engine(p));
     }
     let exe = std::env::current_exe().ok()?;
-    let sibling = exe.parent()?.join("kvferry-nixl-engine");
-    sibling.is_file().then_some(sibling)
+    if exe.file_name().is_some_and(|n| n == "kvferry") {
+        return Some(HelperCommand { program: exe, args: vec![KVFERRY_HELPER_SUBCOMMAND.into()] });
+    }
+    let dir = exe.parent()?;
+    [dir.join("kvferry-nixl-engine"), dir.parent()?.join("kvferry-nixl-engine")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .map(HelperCommand::nixl_engine)
 }
 
 /// Parses a NIXL pool descriptor (kvferry_pool_nixl's JSON form), checks its regions against
@@ -121,14 +129,23 @@ pub fn attach_nixl(
             )));
         }
     }
-    let metadata_checker = nixl_metadata_checker();
-    if metadata_checker.is_none() {
-        tracing::warn!(
-            agent = %desc.agent_name,
-            "no NIXL metadata checker (set {NIXL_CHECKER_ENV} to kvferry-nixl-engine): loading the engine's metadata in-process"
-        );
+    if !kvferry_pool_nixl::COMPILED {
+        return Err(DaemonError::Precondition(
+            "NIXL pools are not supported by this daemon: it was built without the `nixl` cargo feature \
+             (build with `cargo build --release --features nixl`)"
+                .into(),
+        ));
     }
-    let opts = NixlOptions { metadata_checker, ..NixlOptions::default() };
+    let Some(helper) = nixl_helper() else {
+        return Err(DaemonError::Precondition(format!(
+            "NIXL registration of agent {:?} refused: no NIXL helper program (the daemon runs \
+             `kvferry {KVFERRY_HELPER_SUBCOMMAND}` when it is the kvferry binary; otherwise set \
+             {NIXL_HELPER_ENV} to a kvferry-nixl-engine binary). Engine metadata is never loaded \
+             into NIXL inside the daemon's process.",
+            desc.agent_name
+        )));
+    };
+    let opts = NixlOptions { helper: Some(helper), ..NixlOptions::default() };
     let backend = NixlBackend::attach_with(&desc, opts).map_err(|e| {
         DaemonError::Precondition(format!("cannot attach the NIXL pool of agent {:?}: {e}", desc.agent_name))
     })?;

@@ -42,10 +42,6 @@ fn measure(iters: usize, bytes: usize, mut f: impl FnMut()) -> (f64, f64) {
 
 fn main() {
     if let Err(e) = ensure_nixl() {
-        if std::env::var("KVFERRY_SKIP_NIXL").as_deref() == Ok("1") {
-            eprintln!("SKIPPED (KVFERRY_SKIP_NIXL=1): {e}");
-            return;
-        }
         eprintln!("NIXL is not usable: {e}\nRun `source deploy/install-nixl.sh` first.");
         std::process::exit(1);
     }
@@ -53,7 +49,11 @@ fn main() {
     let engine = start_engine(EngineKind::Rust, &[TOTAL as u64]);
     let mut rng = Rng::new(0xBE7C);
     engine.maps[0].write(0, &rng.bytes(TOTAL)).expect("fill engine memory");
-    let backend = NixlBackend::attach(&engine.process.descriptor).expect("attach");
+    let backend = NixlBackend::attach_with(
+        &engine.process.descriptor,
+        common::helper_opts(std::time::Duration::from_secs(60)),
+    )
+    .expect("attach");
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("rt");
 
     let mut order: Vec<usize> = (0..BLOCKS).collect();

@@ -20,6 +20,7 @@ pub enum MemKind {
 }
 
 impl MemKind {
+    #[cfg(feature = "nixl")]
     pub(crate) fn nixl(self) -> nixl_sys::MemType {
         match self {
             MemKind::Dram => nixl_sys::MemType::Dram,

@@ -21,13 +21,9 @@ fn python_ready() -> bool {
                 Ok(o) => String::from_utf8_lossy(&o.stderr).into_owned(),
                 Err(e) => e.to_string(),
             };
-            if std::env::var("KVFERRY_SKIP_NIXL").as_deref() == Ok("1") {
-                eprintln!("SKIPPED (KVFERRY_SKIP_NIXL=1): NIXL Python API not importable: {why}");
-                return false;
-            }
             panic!(
                 "NIXL's Python API is not importable with {py}: {why}\nRun `source deploy/install-nixl.sh` \
-                 (installs nixl-cu12 and numpy), or set KVFERRY_SKIP_NIXL=1 to skip explicitly."
+                 (installs nixl-cu12 and numpy)."
             );
         }
     }

@@ -26,6 +26,9 @@ pub struct Staging {
     cap: usize,
     owner: u64,
     guard: Option<Box<dyn Any + Send + Sync>>,
+    /// `None`: the allocation is ours (`std::alloc`). `Some`: memory owned elsewhere (a shared
+    /// mapping), released by this callback after the guard.
+    release: Option<Box<dyn FnOnce() + Send + Sync>>,
 }
 
 // SAFETY: `Staging` uniquely owns its allocation (like `Vec<u8>`); shared access only hands out
@@ -42,14 +45,39 @@ impl Staging {
     /// allocation failure (`handle_alloc_error`).
     pub fn new_host(len: usize, owner: u64) -> Self {
         if len == 0 {
-            return Self { ptr: dangling_aligned(), len: 0, cap: 0, owner, guard: None };
+            return Self { ptr: dangling_aligned(), len: 0, cap: 0, owner, guard: None, release: None };
         }
         let cap = len.checked_next_multiple_of(STAGING_ALIGN).expect("staging length overflows usize");
         let layout = Layout::from_size_align(cap, STAGING_ALIGN).expect("staging length overflows isize");
         // SAFETY: `layout` has a non-zero size (len > 0, so cap >= 4096).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(ptr) = NonNull::new(raw) else { alloc::handle_alloc_error(layout) };
-        Self { ptr, len, cap, owner, guard: None }
+        Self { ptr, len, cap, owner, guard: None, release: None }
+    }
+
+    /// A staging buffer over memory this value does not allocate (for example a `MAP_SHARED`
+    /// mapping of a memfd that a backend's helper process maps too). `release` runs once, on
+    /// drop, after the guard.
+    ///
+    /// # Safety
+    /// `ptr` must be 4096-aligned and valid for reads and writes of `cap` initialized bytes
+    /// until `release` has run; `len <= cap` and `cap` a multiple of 4096. Nothing else in this
+    /// process may create references to that memory meanwhile; other parties (a helper process,
+    /// a DMA engine) may touch it only inside a backend's `read`/`write` of this buffer, as a
+    /// registered buffer is touched.
+    pub unsafe fn from_external(
+        ptr: NonNull<u8>,
+        len: usize,
+        cap: usize,
+        owner: u64,
+        release: Box<dyn FnOnce() + Send + Sync>,
+    ) -> Self {
+        debug_assert!(
+            len <= cap
+                && cap.is_multiple_of(STAGING_ALIGN)
+                && (ptr.as_ptr() as usize).is_multiple_of(STAGING_ALIGN)
+        );
+        Self { ptr, len, cap, owner, guard: None, release: Some(release) }
     }
 
     /// Attach a registration guard, dropped before the memory is freed.
@@ -118,7 +146,9 @@ impl Drop for Staging {
     fn drop(&mut self) {
         // The registration (if any) must go before the memory it covers.
         drop(self.guard.take());
-        if self.cap > 0 {
+        if let Some(release) = self.release.take() {
+            release();
+        } else if self.cap > 0 {
             let layout = Layout::from_size_align(self.cap, STAGING_ALIGN).expect("checked at allocation");
             // SAFETY: `ptr` was returned by `alloc_zeroed` with exactly this layout and has
             // not been freed (Drop runs once).

@@ -10,16 +10,13 @@
 //! `KVFERRY-NIXL-DESCRIPTOR <json>`, then the process serves until its stdin closes.
 //! Used by this crate's tests and benchmark as the "engine" in a separate process.
 //!
-//! `kvferry-nixl-engine --check-metadata` instead reads one line of hex NIXL metadata from
-//! stdin and loads it into a throwaway agent: exit 0 if NIXL accepts it, 2 if it refuses it,
-//! and whatever signal NIXL/UCX dies of otherwise (the daemon's `metadata_checker`).
+//! `kvferry-nixl-engine --nixl-helper` instead runs the daemon-side NIXL helper process
+//! (`kvferry_pool_nixl::helper_main`; the `kvferry` binary's hidden `nixl-helper` does the same).
 
 use std::io::{BufRead, Write};
 use std::process::ExitCode;
 
-use kvferry_pool_nixl::{
-    CHECK_REFUSED_EXIT, DESCRIPTOR_LINE_PREFIX, MemKind, NixlPoolExport, NixlRegion, load_metadata_here,
-};
+use kvferry_pool_nixl::{DESCRIPTOR_LINE_PREFIX, MemKind, NixlPoolExport, NixlRegion};
 
 /// A shared or anonymous mapping, unmapped on drop.
 struct Mapping {
@@ -131,36 +128,9 @@ fn serve() -> Result<(), String> {
     Ok(())
 }
 
-fn check_metadata() -> ExitCode {
-    let mut line = String::new();
-    if std::io::stdin().read_line(&mut line).is_err() {
-        return ExitCode::FAILURE;
-    }
-    let hex = line.trim().as_bytes();
-    let md: Option<Vec<u8>> = hex
-        .chunks(2)
-        .map(|p| std::str::from_utf8(p).ok().and_then(|s| u8::from_str_radix(s, 16).ok()))
-        .collect();
-    let refused = |msg: String| {
-        eprintln!("{msg}");
-        ExitCode::from(CHECK_REFUSED_EXIT as u8)
-    };
-    match md {
-        None => refused("metadata is not hex".into()),
-        Some(md) => match load_metadata_here(&md) {
-            Ok(_) => ExitCode::SUCCESS,
-            Err(e @ kvferry_pool::PoolError::BadMetadata(_)) => refused(e.to_string()),
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
-            }
-        },
-    }
-}
-
 fn main() -> ExitCode {
-    if std::env::args().nth(1).as_deref() == Some("--check-metadata") {
-        return check_metadata();
+    if std::env::args().nth(1).as_deref() == Some("--nixl-helper") {
+        return kvferry_pool_nixl::helper_main();
     }
     match serve() {
         Ok(()) => ExitCode::SUCCESS,

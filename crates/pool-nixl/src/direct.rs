@@ -1,6 +1,10 @@
-//! Daemon side: [`NixlBackend`], a `MemoryBackend` over an engine's NIXL-registered pool.
+//! The NIXL data path itself: [`DirectBackend`], a `MemoryBackend` over an engine's
+//! NIXL-registered pool, with the engine's metadata loaded into an agent of *this* process.
+//!
+//! Only the NIXL helper process (`helper` module) creates one: loading untrusted metadata can
+//! crash the loading process (FINDINGS.md, `isolate` history in ARCHITECTURE.md), so the daemon
+//! itself never does. The daemon's [`crate::NixlBackend`] forwards to a helper that runs this.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use kvferry_pool::{
@@ -13,34 +17,13 @@ use crate::descriptor::{NixlPoolDescriptor, NixlRegion};
 use crate::xfer::{self, Plan};
 use crate::{BACKEND, ensure_nixl};
 
-/// Options for [`NixlBackend::attach_with`].
-#[derive(Debug, Clone)]
-pub struct NixlOptions {
-    /// Name of the daemon's NIXL agent (default `kvferry-daemon-<pid>-<backend id>`); must
-    /// differ from the engine's.
-    pub agent_name: Option<String>,
-    /// How long one read or write may take before it fails with a retryable
-    /// `PoolError::Backend` (default 30 s). A transfer never waits longer than this.
-    pub timeout: Duration,
-    /// A `kvferry-nixl-engine` binary used to load the metadata in a throwaway process before
-    /// this one does (see the `isolate` module: corrupted metadata can crash NIXL/UCX). `None`
-    /// loads it directly; set it wherever engines are not fully trusted.
-    pub metadata_checker: Option<PathBuf>,
-}
-
-impl Default for NixlOptions {
-    fn default() -> Self {
-        Self { agent_name: None, timeout: Duration::from_secs(30), metadata_checker: None }
-    }
-}
-
 /// An engine's pool as seen from the daemon: the daemon's own NIXL agent with the engine's
 /// metadata loaded. Reads are NIXL READs into staging, writes are NIXL WRITEs from staging.
 ///
 /// Needs a tokio runtime with timers (the daemon's) to poll transfers; elsewhere it falls back
 /// to short blocking sleeps.
 #[derive(Debug)]
-pub struct NixlBackend {
+pub(crate) struct DirectBackend {
     id: u64,
     agent: Agent,
     peer: String,
@@ -50,12 +33,7 @@ pub struct NixlBackend {
     timeout: Duration,
 }
 
-impl NixlBackend {
-    /// Attach to the pool `desc` describes, with default options.
-    pub fn attach(desc: &NixlPoolDescriptor) -> Result<Self, PoolError> {
-        Self::attach_with(desc, NixlOptions::default())
-    }
-
+impl DirectBackend {
     /// Attach to the pool `desc` describes.
     ///
     /// Validates the descriptor and the metadata's header before NIXL sees them, loads the
@@ -63,14 +41,15 @@ impl NixlBackend {
     /// loaded agent is the one the descriptor names and that every region is covered by that
     /// agent's registrations. Accepts metadata from any NIXL agent, including one created by
     /// NIXL's Python API.
-    pub fn attach_with(desc: &NixlPoolDescriptor, opts: NixlOptions) -> Result<Self, PoolError> {
+    pub(crate) fn attach_with(
+        desc: &NixlPoolDescriptor,
+        agent_name: Option<String>,
+        timeout: Duration,
+    ) -> Result<Self, PoolError> {
         ensure_nixl()?;
         let kind = desc.validate()?;
-        if let Some(checker) = &opts.metadata_checker {
-            crate::isolate::check_in_subprocess(checker, &desc.agent_metadata, opts.timeout)?;
-        }
         let id = next_backend_id();
-        let name = opts.agent_name.unwrap_or_else(|| format!("kvferry-daemon-{}-{id}", std::process::id()));
+        let name = agent_name.unwrap_or_else(|| format!("kvferry-daemon-{}-{id}", std::process::id()));
         if name == desc.agent_name {
             return Err(PoolError::BadMetadata(format!(
                 "engine agent {name:?} has the daemon agent's name: agent names must be unique"
@@ -101,22 +80,36 @@ impl NixlBackend {
             }
         }
         let infos = desc.regions.iter().map(|r| RegionInfo { len: r.len }).collect();
-        Ok(Self { id, agent, peer, regions: desc.regions.clone(), infos, remote_type, timeout: opts.timeout })
+        Ok(Self { id, agent, peer, regions: desc.regions.clone(), infos, remote_type, timeout })
     }
 
     /// Name of the engine's agent this backend talks to.
-    pub fn peer(&self) -> &str {
+    pub(crate) fn peer(&self) -> &str {
         &self.peer
     }
 
-    /// Name of the daemon's own agent.
-    pub fn agent_name(&self) -> String {
+    /// Name of this process's agent.
+    pub(crate) fn agent_name(&self) -> String {
         self.agent.name()
     }
 
-    /// The engine's regions (addresses in the engine's address space).
-    pub fn nixl_regions(&self) -> &[NixlRegion] {
-        &self.regions
+    /// Register `staging` (whatever memory it covers) with this agent; the registration is
+    /// released with the buffer, before its memory.
+    pub(crate) fn register(&self, staging: Staging) -> Result<Staging, PoolError> {
+        if staging.capacity() == 0 {
+            return Ok(staging);
+        }
+        let raw = RawRegion {
+            addr: staging.as_ptr().expose_provenance(),
+            len: staging.capacity(),
+            mem_type: MemType::Dram,
+            dev: 0,
+        };
+        let handle = self
+            .agent
+            .register_memory(&raw, None)
+            .map_err(|e| fatal(format!("register {} bytes of staging", raw.len), e))?;
+        Ok(staging.with_guard(Box::new(handle)))
     }
 
     /// Map validated `extents` onto (staging address, engine address, len) pieces, skipping
@@ -138,7 +131,7 @@ impl NixlBackend {
     }
 }
 
-impl MemoryBackend for NixlBackend {
+impl MemoryBackend for DirectBackend {
     fn name(&self) -> &'static str {
         BACKEND
     }
@@ -152,22 +145,8 @@ impl MemoryBackend for NixlBackend {
     }
 
     fn staging(&self, len: usize) -> Result<Staging, PoolError> {
-        let staging = Staging::new_host(len, self.id);
-        if len == 0 {
-            return Ok(staging);
-        }
-        let raw = RawRegion {
-            addr: staging.as_ptr().expose_provenance(),
-            len: staging.capacity(),
-            mem_type: MemType::Dram,
-            dev: 0,
-        };
-        let handle = self
-            .agent
-            .register_memory(&raw, None)
-            .map_err(|e| fatal(format!("register {} bytes of staging", raw.len), e))?;
         // The handle deregisters on drop; Staging drops its guard before freeing the memory.
-        Ok(staging.with_guard(Box::new(handle)))
+        self.register(Staging::new_host(len, self.id))
     }
 
     fn read<'a>(
