@@ -142,6 +142,9 @@ pub struct Limits {
     pub max_concurrent_migrations: u32,
     /// Deadline when a request names none, ms.
     pub default_deadline_ms: u64,
+    /// A registered pool whose engine has not opened its `Attach` stream within this many ms
+    /// loses its lease (its backend, and for NIXL its helper process, is released).
+    pub attach_grace_ms: u64,
 }
 
 /// Transfer tuning.
@@ -225,6 +228,7 @@ impl Default for Limits {
             max_tokens: 1 << 20,
             max_concurrent_migrations: 64,
             default_deadline_ms: 30_000,
+            attach_grace_ms: 30_000,
         }
     }
 }
@@ -365,10 +369,14 @@ impl Config {
         if l.landing_zone_bytes < (16 << 20) {
             return Err(invalid("limits.landing_zone_bytes", "must be at least 16 MiB"));
         }
-        if l.max_tokens == 0 || l.max_concurrent_migrations == 0 || l.default_deadline_ms == 0 {
+        if l.max_tokens == 0
+            || l.max_concurrent_migrations == 0
+            || l.default_deadline_ms == 0
+            || l.attach_grace_ms == 0
+        {
             return Err(invalid(
                 "limits",
-                "max_tokens, max_concurrent_migrations and default_deadline_ms must be > 0",
+                "max_tokens, max_concurrent_migrations, default_deadline_ms and attach_grace_ms must be > 0",
             ));
         }
         let t = &self.transfer;

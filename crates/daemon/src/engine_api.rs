@@ -329,12 +329,26 @@ impl Engine for EngineService {
             recompute_waiters: Default::default(),
             registered_at: Instant::now(),
         });
-        self.shared.registry.insert(entry);
+        self.shared.registry.insert(entry.clone());
         tracing::info!(engine = %r.engine_id, model = %r.model_id, lease = %lease_id, "engine pool registered");
+        // A lease lives as long as its Attach stream; one never attached expires.
+        let grace = self.shared.config.limits.attach_grace_ms;
+        let shared = self.shared.clone();
+        let weak = Arc::downgrade(&entry);
+        drop(entry);
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(grace)).await;
+            let Some(entry) = weak.upgrade() else { return };
+            let attached = entry.commands.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            if !attached && shared.registry.remove(&entry.lease_id).is_some() {
+                tracing::warn!(engine = %entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
+                    "no Attach within the grace period: lease released");
+            }
+        });
         Ok(Response::new(RegisterPoolResponse {
             lease_id,
             layout_fingerprint: digest.to_vec(),
-            lease_ttl_ms: 0,
+            lease_ttl_ms: grace,
         }))
     }
 

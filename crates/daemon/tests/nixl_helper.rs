@@ -13,10 +13,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use kvferry_daemon::{Config, Daemon};
-use kvferry_pool_nixl::{MemKind, NixlPoolDescriptor, NixlPoolExport, NixlRegion};
+use kvferry_pool_nixl::{MemKind, NixlPoolExport, NixlRegion};
 use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::{
-    LookupRequest, NixlAccess, PoolLayoutSpec, PrefillProfile, RegisterPoolRequest, register_pool_request,
+    EngineEvent, LookupRequest, NixlAccess, PoolLayoutSpec, PrefillProfile, RegisterPoolRequest,
+    register_pool_request,
 };
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -63,7 +64,8 @@ fn request(engine: &str, descriptor_json: Vec<u8>) -> RegisterPoolRequest {
 /// Host memory registered with an engine-side NIXL agent; the export is dropped first.
 struct EnginePool {
     export: Option<NixlPoolExport>,
-    regions: Vec<Vec<u8>>,
+    /// The registered memory, kept alive until the export is dropped.
+    _regions: Vec<Vec<u8>>,
 }
 
 impl Drop for EnginePool {
@@ -85,7 +87,7 @@ fn engine_pool(lens: &[u64]) -> EnginePool {
         // Vecs are freed. The test reads the Vecs only while no transfer is in flight.
         unsafe { export.register(region) }.unwrap();
     }
-    EnginePool { export: Some(export), regions }
+    EnginePool { export: Some(export), _regions: regions }
 }
 
 async fn start(dir: &Path) -> (Daemon, Config) {
@@ -95,19 +97,70 @@ async fn start(dir: &Path) -> (Daemon, Config) {
     cfg.listen.grpc = any;
     cfg.listen.http = any;
     cfg.listen.peer = any;
+    cfg.limits.attach_grace_ms = 3_000;
     (Daemon::start(cfg.clone()).await.unwrap(), cfg)
 }
 
 const POOLS: usize = 4;
 
+/// An engine as its own process (`kvferry-nixl-engine`, as a real engine is its own process)
+/// exporting memfd regions that this test maps too, to check bytes from the engine's side.
+struct EngineProc {
+    child: std::process::Child,
+    maps: Vec<kvferry_pool_shm::Mapping>,
+    json: Vec<u8>,
+}
+
+impl Drop for EngineProc {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn nixl_engine_bin() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join("kvferry-nixl-engine");
+    assert!(p.is_file(), "{} missing: build the workspace (cargo test --workspace)", p.display());
+    p
+}
+
+fn engine_proc(lens: &[u64], tag: &str) -> EngineProc {
+    use std::io::BufRead;
+    use std::os::fd::AsRawFd;
+    let mut cmd = std::process::Command::new(nixl_engine_bin());
+    cmd.arg("--name").arg(format!("kvferry-stress-{}-{tag}", std::process::id()));
+    let mut maps = Vec::new();
+    for (i, &len) in lens.iter().enumerate() {
+        let fd = kvferry_pool_shm::create_memfd("kvferry-stress", len).unwrap();
+        let m = kvferry_pool_shm::Mapping::map(fd, len).unwrap();
+        m.write_at(0, &vec![i as u8 + 1; len as usize]).unwrap();
+        cmd.arg("--region").arg(format!("/proc/{}/fd/{}:{len}", std::process::id(), m.fd().as_raw_fd()));
+        maps.push(m);
+    }
+    cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let out = child.stdout.take().unwrap();
+    let mut json = Vec::new();
+    for line in std::io::BufReader::new(out).lines() {
+        let line = line.unwrap();
+        if let Some(j) = line.strip_prefix(kvferry_pool_nixl::DESCRIPTOR_LINE_PREFIX) {
+            json = j.as_bytes().to_vec();
+            break;
+        }
+    }
+    assert!(!json.is_empty(), "engine printed no descriptor");
+    EngineProc { child, maps, json }
+}
+
 async fn stress_round(daemon: &Daemon, client: &EngineClient<Channel>, round: usize) {
     let lens = kvferry_daemon::engine_api::layout_of(&spec()).unwrap().region_lens().to_vec();
-    let pools: Vec<EnginePool> =
-        (0..POOLS).map(|i| engine_pool_named(&lens, &format!("r{round}-p{i}"))).collect();
+    let engines: Vec<EngineProc> =
+        (0..POOLS).map(|i| engine_proc(&lens, &format!("r{round}-p{i}"))).collect();
     // Register every pool at the same time.
     let mut regs = Vec::new();
-    for (i, p) in pools.iter().enumerate() {
-        let json = p.export.as_ref().unwrap().descriptor().unwrap().to_json().into_bytes();
+    for (i, e) in engines.iter().enumerate() {
+        let json = e.json.clone();
         let mut c = client.clone();
         regs.push(tokio::spawn(async move {
             c.register_pool(request(&format!("engine-{round}-{i}"), json))
@@ -116,8 +169,11 @@ async fn stress_round(daemon: &Daemon, client: &EngineClient<Channel>, round: us
         }));
     }
     let mut leases = Vec::new();
+    let mut attached = Vec::new();
     for r in regs {
-        leases.push(r.await.unwrap().expect("concurrent registration"));
+        let lease = r.await.unwrap().expect("concurrent registration");
+        attached.push(hold_lease(client, &lease).await);
+        leases.push(lease);
     }
     // Move bytes through all of them in parallel.
     let mut moves = Vec::new();
@@ -138,37 +194,46 @@ async fn stress_round(daemon: &Daemon, client: &EngineClient<Channel>, round: us
     }
     for (i, m) in moves.into_iter().enumerate() {
         let (extents, read, fill) = m.await.unwrap();
-        let p = &pools[i];
         let mut at = 0;
         for e in &extents {
-            let r = &p.regions[e.region as usize];
-            let range = e.offset as usize..(e.offset + e.len) as usize;
             // What was read is what the engine held before (its initial fill) ...
             assert!(
                 read[at..at + e.len as usize].iter().all(|&b| b == e.region as u8 + 1),
                 "pool {i}: read wrong bytes"
             );
             // ... and what was written is what it holds now.
-            assert!(r[range].iter().all(|&b| b == fill), "pool {i}: write did not land");
+            let mut now = vec![0u8; e.len as usize];
+            engines[i].maps[e.region as usize].read_at(e.offset, &mut now).unwrap();
+            assert!(now.iter().all(|&b| b == fill), "pool {i}: write did not land");
             at += e.len as usize;
         }
     }
-    drop(pools);
+    // Engines detach (their Attach streams end): the daemon releases the pools, and with them
+    // their helper processes, before the engines exit.
+    drop(attached);
+    for lease in &leases {
+        let t = std::time::Instant::now();
+        while daemon.shared.registry.by_lease(lease).is_some() {
+            assert!(t.elapsed() < std::time::Duration::from_secs(5), "lease {lease} not released on detach");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    drop(engines);
 }
 
-fn engine_pool_named(lens: &[u64], tag: &str) -> EnginePool {
-    let mut export = NixlPoolExport::new(&format!("kvferry-stress-{}-{tag}", std::process::id()))
-        .unwrap_or_else(|e| panic!("NIXL is required: `source deploy/install-nixl.sh` first ({e})"));
-    let mut regions: Vec<Vec<u8>> =
-        lens.iter().enumerate().map(|(i, &l)| vec![i as u8 + 1; l as usize]).collect();
-    for r in &mut regions {
-        let region =
-            NixlRegion { addr: r.as_mut_ptr() as u64, len: r.len() as u64, mem_type: MemKind::Dram, dev: 0 };
-        // SAFETY: as in `engine_pool`: a Vec's heap buffer, never reallocated, deregistered
-        // (export dropped) before it is freed; read by the test only between transfers.
-        unsafe { export.register(region) }.unwrap();
-    }
-    EnginePool { export: Some(export), regions }
+/// Opens the lease's Attach stream as an engine does; dropping the sender ends it.
+async fn hold_lease(client: &EngineClient<Channel>, lease: &str) -> tokio::sync::mpsc::Sender<EngineEvent> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(EngineEvent { lease_id: lease.into(), event: None }).await.unwrap();
+    let mut c = client.clone();
+    let stream =
+        c.attach(tokio_stream::wrappers::ReceiverStream::new(rx)).await.expect("attach").into_inner();
+    // Keep the daemon's command stream alive in the background.
+    tokio::spawn(async move {
+        let mut stream = stream;
+        while let Ok(Some(_)) = stream.message().await {}
+    });
+    tx
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,13 +277,22 @@ async fn nixl_helpers_under_concurrency_and_failure() {
     assert!(e.message().contains("crashed"), "{}", e.message());
 
     // The daemon serves on: unknown lease is NOT_FOUND, and with the helper back a pool registers.
+    // Never attached, its lease expires after the grace period (and its helper with it).
     let e =
         c.lookup(LookupRequest { lease_id: "no-such-lease".into(), ..Default::default() }).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
     // SAFETY: as above.
     unsafe { std::env::remove_var(kvferry_daemon::engine_api::NIXL_HELPER_ENV) };
     let lease = c.register_pool(request("engine-after", json)).await.unwrap().into_inner();
+    assert_eq!(lease.lease_ttl_ms, 3_000);
     assert!(daemon.shared.registry.by_lease(&lease.lease_id).is_some());
+    tokio::time::sleep(std::time::Duration::from_millis(3_500)).await;
+    assert!(
+        daemon.shared.registry.by_lease(&lease.lease_id).is_none(),
+        "an unattached lease outlived its grace"
+    );
+    let e = c.lookup(LookupRequest { lease_id: lease.lease_id, ..Default::default() }).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
     drop(pool);
     drop(daemon);
 }

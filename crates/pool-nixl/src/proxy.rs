@@ -42,7 +42,7 @@ use crate::options::NixlOptions;
 /// How long the daemon waits past the helper's own transfer timeout before giving up on a
 /// reply, and how long attach and staging registration may take.
 const REPLY_GRACE: Duration = Duration::from_secs(5);
-const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+const SETUP_TIMEOUT: Duration = Duration::from_secs(60);
 
 type Answer = Result<Done, PoolError>;
 
