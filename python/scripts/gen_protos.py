@@ -43,7 +43,9 @@ def generate(out_root: pathlib.Path) -> list[pathlib.Path]:
         text = f.read_text()
         text = re.sub(r"^# Protobuf Python Version: .*\n", "", text, flags=re.M)
         f.write_text(text)
-    (v1 / "__init__.py").write_text('"""Generated gRPC stubs for kvferry.v1 (python/scripts/gen_protos.py)."""\n')
+    (v1 / "__init__.py").write_text(
+        '"""Generated gRPC stubs for kvferry.v1 (python/scripts/gen_protos.py)."""\n'
+    )
     return files + [v1 / "__init__.py"]
 
 
