@@ -64,6 +64,7 @@ class Region:
     vllm_port: int = field(default_factory=free_port)
     peer_addr: str = ""
     egress_gbps: float = 0.0
+    chunk_bytes: int = 4194304
     daemon: subprocess.Popen[bytes] | None = None
     vllm: subprocess.Popen[bytes] | None = None
 
@@ -98,7 +99,7 @@ peer = "127.0.0.1:{self.peer_port}"
 http = "127.0.0.1:{self.http_port}"
 [tls]
 mode = "dev"
-dev_dir = "{self.root / 'dev-ca'}"
+dev_dir = "{self.root / "dev-ca"}"
 [[peers]]
 region = "{self.peer_name}"
 addr = "{self.peer_addr}"
@@ -110,6 +111,7 @@ staging_bytes = 33554432
 landing_zone_bytes = 268435456
 [transfer]
 idle_timeout_ms = 2000
+chunk_bytes = {self.chunk_bytes}
 """
         p = self.dir / "kvferry.toml"
         p.write_text(cfg)
@@ -123,37 +125,55 @@ idle_timeout_ms = 2000
         e.setdefault("RUST_LOG", "info")
         self.daemon = subprocess.Popen(
             [str(self.bin_dir / "kvferry"), "daemon", "--config", str(cfg)],
-            stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=e,
+            start_new_session=True,
         )
         wait_for(lambda: self.sock.exists(), f"daemon {self.name}", 60, [self.daemon])
 
     def kv_transfer_config(self) -> str:
-        return json.dumps({
-            "kv_connector": "KvferryConnector",
-            "kv_connector_module_path": "kvferry.vllm",
-            "kv_role": "kv_both",
-            "kv_load_failure_policy": "recompute",
-            "kv_connector_extra_config": {
-                "daemon_socket": str(self.sock),
-                "engine_id": self.engine_id,
-                "model_id": self.shape.name,
-                "server_url": self.url,
-            },
-        })
+        return json.dumps(
+            {
+                "kv_connector": "KvferryConnector",
+                "kv_connector_module_path": "kvferry.vllm",
+                "kv_role": "kv_both",
+                "kv_load_failure_policy": "recompute",
+                "kv_connector_extra_config": {
+                    "daemon_socket": str(self.sock),
+                    "engine_id": self.engine_id,
+                    "model_id": self.shape.name,
+                    "server_url": self.url,
+                },
+            }
+        )
 
     def vllm_cmd(self) -> list[str]:
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--served-model-name", self.shape.name,
-            "--dtype", self.shape.dtype,
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.shape.name,
+            "--dtype",
+            self.shape.dtype,
             "--enforce-eager",
-            "--max-model-len", "2048",
-            "--block-size", str(self.shape.block_size),
-            "--kv-cache-memory-bytes", str(self.shape.kv_bytes),
-            "--max-num-seqs", "8",
-            "--host", "127.0.0.1", "--port", str(self.vllm_port),
-            "--kv-transfer-config", self.kv_transfer_config(),
+            "--max-model-len",
+            "2048",
+            "--block-size",
+            str(self.shape.block_size),
+            "--kv-cache-memory-bytes",
+            str(self.shape.kv_bytes),
+            "--max-num-seqs",
+            "8",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.vllm_port),
+            "--kv-transfer-config",
+            self.kv_transfer_config(),
             "--disable-log-stats",
             "--enable-prompt-tokens-details",
         ]
@@ -164,8 +184,9 @@ idle_timeout_ms = 2000
         e["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu
         e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-        self.vllm = subprocess.Popen(self.vllm_cmd(), stdout=log, stderr=subprocess.STDOUT, env=e,
-                                     start_new_session=True)
+        self.vllm = subprocess.Popen(
+            self.vllm_cmd(), stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True
+        )
 
     def wait_vllm(self) -> None:
         def up() -> bool:
@@ -174,13 +195,18 @@ idle_timeout_ms = 2000
                 return True
             except (urllib.error.URLError, OSError, ValueError):
                 return False
+
         wait_for(up, f"vLLM {self.name}", 240, [p for p in (self.vllm, self.daemon) if p])
 
     def complete(self, tokens: list[int], max_tokens: int, tenant: str = "", **kw: Any) -> dict[str, Any]:
         """Greedy completion; returns tokens, cached_tokens and wall seconds."""
         body: dict[str, Any] = {
-            "model": self.shape.name, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
-            "return_token_ids": True, "ignore_eos": True,
+            "model": self.shape.name,
+            "prompt": tokens,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "return_token_ids": True,
+            "ignore_eos": True,
         }
         if tenant:
             body["cache_salt"] = tenant
@@ -191,17 +217,30 @@ idle_timeout_ms = 2000
         ch = out["choices"][0]
         usage = out.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
-        return {"tokens": list(ch.get("token_ids") or []), "cached_tokens": int(details.get("cached_tokens") or 0),
-                "wall_s": wall, "prompt_tokens": usage.get("prompt_tokens")}
+        return {
+            "tokens": list(ch.get("token_ids") or []),
+            "cached_tokens": int(details.get("cached_tokens") or 0),
+            "wall_s": wall,
+            "prompt_tokens": usage.get("prompt_tokens"),
+        }
 
     def ttft(self, tokens: list[int], tenant: str = "") -> float:
         """Time to first token of a streamed completion."""
-        body = {"model": self.shape.name, "prompt": tokens, "max_tokens": 2, "temperature": 0.0,
-                "stream": True, "ignore_eos": True}
+        body = {
+            "model": self.shape.name,
+            "prompt": tokens,
+            "max_tokens": 2,
+            "temperature": 0.0,
+            "stream": True,
+            "ignore_eos": True,
+        }
         if tenant:
             body["cache_salt"] = tenant
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         t = time.perf_counter()
         with urllib.request.urlopen(req, timeout=120) as r:
             for line in r:
@@ -226,7 +265,7 @@ idle_timeout_ms = 2000
         return 0.0
 
     def stop(self, which: str = "all") -> None:
-        for attr in (["vllm", "daemon"] if which == "all" else [which]):
+        for attr in ["vllm", "daemon"] if which == "all" else [which]:
             p = getattr(self, attr)
             if p is not None and p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)
@@ -249,7 +288,9 @@ def wait_for(cond: Any, what: str, timeout: float, procs: list[subprocess.Popen[
         time.sleep(0.2)
 
 
-def pair(root: Path, bin_dir: Path, model_dir: Path, shape: ModelShape, egress_gbps_a: float = 0.0) -> tuple[Region, Region]:
+def pair(
+    root: Path, bin_dir: Path, model_dir: Path, shape: ModelShape, egress_gbps_a: float = 0.0
+) -> tuple[Region, Region]:
     a = Region("region-a", root, bin_dir, model_dir, shape, cpu="0", egress_gbps=egress_gbps_a)
     b = Region("region-b", root, bin_dir, model_dir, shape, cpu="1")
     a.peer_name, b.peer_name = b.name, a.name

@@ -62,7 +62,9 @@ def main() -> None:
 
     vocab = {f"t{i}": i for i in range(a.vocab)}
     vocab["<unk>"] = 0
-    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")), unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="<unk>")), unk_token="<unk>"
+    )
     tok.save_pretrained(a.out)
     done.write_text(json.dumps(spec))
 

@@ -26,10 +26,12 @@ def pairs(c: int, n: int) -> float:
 class ProfileFit:
     """Thread-safe window of step samples and their least-squares fit (non-negative)."""
 
-    def __init__(self, window: int = 256, min_tokens: int = 16) -> None:
+    def __init__(self, window: int = 256, min_tokens: int = 16, skip_first: int = 0) -> None:
         self._samples: deque[tuple[float, float, float]] = deque(maxlen=window)
         self._lock = threading.Lock()
         self.min_tokens = min_tokens
+        # An engine's first steps include one-off warm-up (allocations, kernel selection).
+        self._skip = skip_first
 
     def add(self, cached: int, new: int, seconds: float) -> None:
         """One step that prefilled ``new`` tokens after ``cached`` in ``seconds`` (steps with
@@ -44,6 +46,9 @@ class ProfileFit:
         if new < self.min_tokens or not seconds > 0:
             return
         with self._lock:
+            if self._skip > 0:
+                self._skip -= 1
+                return
             self._samples.append((float(new), float(attention_pairs), seconds))
 
     def __len__(self) -> int:

@@ -70,6 +70,8 @@ class KvferryConnectorMetadata(KVConnectorMetadata):
     step_tokens: int = 0
     step_pairs: float = 0.0
     queue_depth: int = 0
+    # Seconds the scheduler half spent building this metadata (its share of the overhead).
+    build_s: float = 0.0
 
 
 @dataclass
@@ -151,10 +153,15 @@ class KvferryConnector(KVConnectorBase_V1):
         self._load_errors: set[int] = set()
         self._step_t0 = 0.0
         self._load_s = 0.0
-        self._fit = ProfileFit()
+        self._fit = ProfileFit(skip_first=3)
         self._busy: list[tuple[float, float]] = []
         self._last_report = 0.0
         self._last_queue = -1
+        # Time spent in this connector's hooks when nothing is loaded (both halves), per step.
+        self.overhead_s = 0.0
+        self.overhead_steps = 0
+        self.loaded_bytes = 0
+        self.loaded_s = 0.0
         log.info(
             "kvferry: connector role %s, daemon %s, engine %s",
             role.name,
@@ -217,6 +224,17 @@ class KvferryConnector(KVConnectorBase_V1):
                 )
                 self._load_errors.update(ld.block_ids)
         self._load_s = time.perf_counter() - t
+        nbytes = sum(len(ld.block_ids) for ld in meta.loads) * (
+            self._geometry.block_bytes if self._geometry else 0
+        )
+        self.loaded_bytes += nbytes
+        self.loaded_s += self._load_s
+        log.info(
+            "kvferry: loaded %d bytes in %.6f s (%.3f GiB/s)",
+            nbytes,
+            self._load_s,
+            nbytes / max(self._load_s, 1e-9) / 2**30,
+        )
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -232,6 +250,23 @@ class KvferryConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvferryConnectorMetadata)
         now = time.perf_counter()
+        try:
+            self._after_step(meta, now)
+        finally:
+            if not meta.loads:
+                self._account(time.perf_counter() - now + meta.build_s)
+
+    def _account(self, seconds: float) -> None:
+        self.overhead_s += seconds
+        self.overhead_steps += 1
+        if self.overhead_steps % 200 == 0:
+            log.info(
+                "kvferry: connector overhead %.1f us/step over %d steps without loads",
+                1e6 * self.overhead_s / self.overhead_steps,
+                self.overhead_steps,
+            )
+
+    def _after_step(self, meta: KvferryConnectorMetadata, now: float) -> None:
         compute_s = now - self._step_t0 - self._load_s
         if meta.publish:
             try:
@@ -240,6 +275,9 @@ class KvferryConnector(KVConnectorBase_V1):
                 log.warning("kvferry: publishing %d block runs failed: %s", len(meta.publish), e)
         if meta.step_tokens > 0:
             self._fit.add_sums(meta.step_tokens, meta.step_pairs, compute_s)
+            log.debug(
+                "kvferry: step %d tokens %.0f pairs %.4f s", meta.step_tokens, meta.step_pairs, compute_s
+            )
             self._busy.append((now - compute_s, now))
         self._maybe_report(now, meta.queue_depth)
 
@@ -368,6 +406,12 @@ class KvferryConnector(KVConnectorBase_V1):
         )
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        t = time.perf_counter()
+        meta = self._build(scheduler_output)
+        meta.build_s = time.perf_counter() - t
+        return meta
+
+    def _build(self, scheduler_output: SchedulerOutput) -> KvferryConnectorMetadata:
         self._epoch += 1
         meta = KvferryConnectorMetadata(epoch=self._epoch)
         bs = self.block_size
