@@ -25,8 +25,7 @@ target="${CARGO_TARGET_DIR:-$repo/target}/debug"
 cp "$target/kvferry" "$target/kvferry-nixl-engine" "$work/bin/"
 
 echo "== python: ruff + pytest" >&2
-"$venv/bin/ruff" check python tests/vllm
-"$venv/bin/ruff" format --check python tests/vllm
+(cd python && "$venv/bin/ruff" check . ../tests/vllm && "$venv/bin/ruff" format --check . ../tests/vllm)
 KVFERRY_BIN_DIR="$work/bin" "$py" -m pytest -q python/tests
 
 echo "== two regions, real vLLM" >&2

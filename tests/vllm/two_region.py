@@ -26,7 +26,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import ModelShape, Region, pair  # noqa: E402
 
-from kvferry.router import RouterClient  # noqa: E402
+from kvferry.router import MigrationResult, RouterClient  # noqa: E402
 
 SHAPES = [
     ModelShape(
@@ -84,6 +84,7 @@ def conversation(a: Region, tenant: str, rng: random.Random, n: int) -> tuple[li
 
 def migrate(b: Region, a: Region, tenant: str, tokens: list[int], policy: str, **kw: Any) -> dict[str, Any]:
     rc = RouterClient(b.router_addr, timeout_s=120)
+    on_progress: threading.Event | None = kw.pop("on_progress", None)
     req = rc.request(
         f"s-{tenant}-{policy}",
         tenant,
@@ -94,7 +95,17 @@ def migrate(b: Region, a: Region, tenant: str, tokens: list[int], policy: str, *
         deadline_ms=kw.pop("deadline_ms", 60000),
     )
     t = time.perf_counter()
-    res = rc.migrate(req)
+    res = MigrationResult()
+    for ev in rc.events(req):
+        kind = ev.WhichOneof("event")
+        if kind == "decision":
+            res.decision = ev.decision
+        elif kind == "progress":
+            res.progress.append(ev.progress)
+            if on_progress is not None:
+                on_progress.set()
+        elif kind == "receipt":
+            res.receipt = ev.receipt
     wall = time.perf_counter() - t
     rc.close()
     d, r = res.decision, res.receipt
@@ -253,14 +264,17 @@ def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, ful
         )
 
         print(f"[{shape.name}] transfer cut mid-way (source daemon killed)", flush=True)
-        ctx, turn2 = conversation(a, "t-cut", rng, 6 * bs)
+        ctx, turn2 = conversation(a, "t-cut", rng, 8 * bs)
         res = {}
+        moving = threading.Event()
         th = threading.Thread(
-            target=lambda: res.update(migrate(b, a, "t-cut", ctx, "fetch", deadline_ms=30000))
+            target=lambda: res.update(
+                migrate(b, a, "t-cut", ctx, "fetch", deadline_ms=30000, on_progress=moving)
+            )
         )
         th.start()
-        time.sleep(0.8)
-        a.stop("daemon")
+        moving.wait(timeout=5)
+        a.stop("daemon")  # SIGTERM to the process group: the source goes away mid-transfer
         th.join()
         out["cut"] = res
         check(
