@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -100,6 +101,8 @@ def migrate(b: Region, a: Region, tenant: str, tokens: list[int], policy: str, *
         kind = ev.WhichOneof("event")
         if kind == "decision":
             res.decision = ev.decision
+            if on_progress is not None and ev.decision.action == "fetch":
+                on_progress.set()
         elif kind == "progress":
             res.progress.append(ev.progress)
             if on_progress is not None:
@@ -134,7 +137,7 @@ def reference(b: Region, turn2: list[int], tag: str) -> list[int]:
 def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, full: bool) -> dict[str, Any]:
     env = dict(os.environ)
     a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=EGRESS_GBPS)
-    a.chunk_bytes = 1 << 20
+    a.chunk_bytes = b.chunk_bytes = 1 << 20
     out: dict[str, Any] = {"shape": shape.__dict__}
     bs = shape.block_size
     rng = random.Random(7)
@@ -274,8 +277,12 @@ def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, ful
         )
         th.start()
         moving.wait(timeout=5)
-        a.stop("daemon")  # SIGTERM to the process group: the source goes away mid-transfer
+        # The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
+        assert a.daemon is not None
+        os.kill(a.daemon.pid, signal.SIGSTOP)
         th.join()
+        os.kill(a.daemon.pid, signal.SIGKILL)
+        a.stop("daemon")
         out["cut"] = res
         check(
             res.get("receipt") == "recompute" and res.get("fallback", "") != "",
