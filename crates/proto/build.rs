@@ -3,7 +3,9 @@
 //! OUT_DIR for gRPC server reflection. Regenerate: `cargo build -p kvferry-proto`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read at run time, not with env!(): worktrees sharing one CARGO_TARGET_DIR share this
+    // build script's binary, and a path baked in at its compile time is another checkout's.
+    let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let file = root.join("kvferry/v1/kvferry.proto");
     println!("cargo:rerun-if-changed={}", file.display());
     let fds = protox::compile([&file], [&root])?;

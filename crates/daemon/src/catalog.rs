@@ -17,7 +17,7 @@ use kvferry_wire::frame::{FetchRequest, RefusalCode};
 
 use crate::blockbuf::BlockShape;
 use crate::landing::{Landed, LandingZone};
-use crate::registry::Registry;
+use crate::registry::{Held, Registry};
 
 /// Serves peers from the engines' pools and the landing zone.
 #[derive(Debug)]
@@ -173,13 +173,23 @@ impl RegionCatalog {
         // The first block decides the tenant: hashes are salted with it, so a tenant that does
         // not own the first block owns none of the chain.
         for e in &engines {
-            let held: Vec<u32> = req.block_hashes.iter().map_while(|h| e.block_of(&req.tenant, h)).collect();
+            let entries: Vec<Held> = req.block_hashes.iter().map_while(|h| e.held(&req.tenant, h)).collect();
+            let held: Vec<u32> = entries.iter().map(|h| h.id).collect();
             if !held.is_empty() {
                 let shape = BlockShape::of(&e.layout).map_err(|m| (RefusalCode::Internal, m))?;
                 self.metrics.served_requests.inc();
                 tracing::debug!(peer = %peer, blocks = held.len(), engine = %e.engine_id, "serving from engine pool");
-                let pool: Arc<dyn ChunkSource> =
-                    Arc::new(PoolChunks::new(e.layout.clone(), e.backend.clone(), held.clone()));
+                let pool: Arc<dyn ChunkSource> = Arc::new(Revalidated {
+                    inner: Arc::new(PoolChunks::new(e.layout.clone(), e.backend.clone(), held.clone())),
+                    engine: e.clone(),
+                    blocks: req
+                        .block_hashes
+                        .iter()
+                        .zip(&entries)
+                        .map(|(h, x)| (*h, x.id, x.generation))
+                        .collect(),
+                    metrics: self.metrics.clone(),
+                });
                 let source = match self.hint_threshold {
                     Some(pool_use) => Arc::new(HintWhenServed {
                         inner: pool,
@@ -199,7 +209,8 @@ impl RegionCatalog {
                     source,
                 });
             }
-            if e.blocks.lock().map(|b| b.get(first).is_some_and(|(_, t)| *t != req.tenant)).unwrap_or(false) {
+            if e.blocks.lock().map(|b| b.get(first).is_some_and(|h| h.tenant != req.tenant)).unwrap_or(false)
+            {
                 return Err((RefusalCode::TenantMismatch, "the blocks belong to another tenant".into()));
             }
         }
@@ -222,6 +233,44 @@ impl RegionCatalog {
             return Err((RefusalCode::TenantMismatch, "the blocks belong to another tenant".into()));
         }
         Err((RefusalCode::UnknownBlocks, "none of the requested blocks are held in this region".into()))
+    }
+}
+
+/// Serves from an engine's pool, then re-validates: after a chunk's blocks were read into
+/// staging and before they are checksummed and sent, every one of them must still be indexed
+/// with the same (hash, block id, generation). An engine withdraws a block (acknowledged
+/// `Publish`) *before* it overwrites it, so a read that passes the re-check finished before
+/// the overwrite began: the bytes are the published ones. A read that fails it ends the
+/// transfer (the requester sees the owner's Cancel and falls back to recompute).
+pub(crate) struct Revalidated {
+    pub(crate) inner: Arc<dyn ChunkSource>,
+    pub(crate) engine: Arc<crate::registry::EngineEntry>,
+    /// The transfer's blocks in order: (hash, block id, generation) as indexed at open.
+    pub(crate) blocks: Vec<(BlockHash, u32, u64)>,
+    pub(crate) metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// The detail a transfer ends with when an engine reused a block during the read.
+pub const BLOCKS_REUSED: &str = "blocks reused by the engine during the read";
+
+impl ChunkSource for Revalidated {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+        Box::pin(async move {
+            let out = self.inner.read(spec).await?;
+            let range = self
+                .blocks
+                .get(spec.blocks.0 as usize..spec.blocks.1 as usize)
+                .ok_or_else(|| format!("chunk {} names blocks past the transfer", spec.id))?;
+            let ix = self.engine.blocks.lock().map_err(|_| "block index poisoned".to_owned())?;
+            if let Some((h, id, _)) = range.iter().find(|(h, id, g)| !ix.still_holds(h, *id, *g)) {
+                drop(ix);
+                self.metrics.served_reused.inc();
+                tracing::warn!(engine = %self.engine.engine_id, block = id, hash = %hex::encode(h),
+                    "a served block was withdrawn during the read; ending the transfer");
+                return Err(format!("{BLOCKS_REUSED} (block id {id})"));
+            }
+            Ok(out)
+        })
     }
 }
 
@@ -284,4 +333,160 @@ pub fn landed_blocks(
         .zip(blocks)
         .map(|(h, b)| (*h, Landed { tenant: tenant.to_owned(), fingerprint, bytes: Arc::new(b) }))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    //! The owner-side re-validation, deterministically: a block withdrawn before, during or
+    //! after a chunk's read, and re-published at the same id.
+    use super::*;
+    use crate::registry::{EngineEntry, EngineLoad, Profile};
+    use kvferry_layout::{AttnSpec, Dtype, PoolLayout};
+    use kvferry_pool::MemoryBackend;
+    use kvferry_pool_shm::{RegionTable, ShmBackend, create_memfd};
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const TENANT: &str = "t";
+
+    fn engine() -> Arc<EngineEntry> {
+        let spec = AttnSpec { layers: 2, kv_heads: 2, head_dim: 32, block_size: 32, dtype: Dtype::F32 };
+        let layout = PoolLayout::vllm_cpu(spec, 8).unwrap();
+        let lens = layout.region_lens().to_vec();
+        let table = RegionTable::packed(&lens).unwrap();
+        let fd = create_memfd("revalidate", table.file_len()).unwrap();
+        let backend: Arc<dyn MemoryBackend> = Arc::new(ShmBackend::new(fd, table).unwrap());
+        let fingerprint = layout.fingerprint("m");
+        let digest = crate::engine_api::digest_bytes(&fingerprint);
+        Arc::new(EngineEntry {
+            engine_id: "e".into(),
+            model_id: "m".into(),
+            lease_id: "l".into(),
+            layout,
+            fingerprint,
+            digest,
+            backend,
+            profile: Mutex::new(Profile { linear_s_per_token: 1e-4, attention_s_per_pair: 0.0 }),
+            load: Mutex::new(EngineLoad::default()),
+            blocks: Default::default(),
+            commands: Mutex::new(None),
+            recompute_waiters: Default::default(),
+            registered_at: Instant::now(),
+        })
+    }
+
+    fn catalog(e: &Arc<EngineEntry>) -> RegionCatalog {
+        let registry = Arc::new(Registry::default());
+        registry.insert(e.clone());
+        RegionCatalog {
+            registry,
+            landing: LandingZone::new(1 << 20),
+            metrics: Default::default(),
+            egress: EgressCaps::default(),
+            hint_threshold: None,
+        }
+    }
+
+    fn request(e: &EngineEntry, hashes: &[BlockHash]) -> FetchRequest {
+        FetchRequest {
+            transfer_id: 7,
+            tenant: TENANT.into(),
+            fingerprint: e.digest,
+            block_hashes: hashes.to_vec(),
+            have_chunks: vec![],
+            chunk_target_bytes: 1 << 20,
+        }
+    }
+
+    fn chunk(e: &EngineEntry, blocks: (u32, u32)) -> ChunkSpec {
+        let len = e.layout.bytes_per_block(0..2).unwrap() * u64::from(blocks.1 - blocks.0);
+        ChunkSpec { id: 0, blocks, layers: (0, 2), len }
+    }
+
+    fn peer() -> RegionId {
+        RegionId::new("kvferry.test", "b").unwrap()
+    }
+
+    fn publish(e: &EngineEntry, hashes: &[BlockHash], first_id: u32) {
+        let mut ix = e.blocks.lock().unwrap();
+        for (i, h) in hashes.iter().enumerate() {
+            ix.store(*h, first_id + i as u32, TENANT, 0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_withdrawn_block_fails_the_read_and_nothing_is_served() {
+        let e = engine();
+        let cat = catalog(&e);
+        let hashes = [[1u8; 32], [2; 32], [3; 32]];
+        publish(&e, &hashes, 2);
+        let served = cat.open(&peer(), &request(&e, &hashes)).unwrap();
+        assert_eq!(served.blocks_held, 3);
+        // untouched: the read passes
+        served.source.read(chunk(&e, (0, 3))).await.unwrap();
+        // block id 3 (the second block) is reused: withdrawn (acked) before the engine writes
+        e.blocks.lock().unwrap().remove_id(3, 1);
+        let err = served.source.read(chunk(&e, (0, 3))).await.map(|_| ()).unwrap_err();
+        assert!(err.contains(BLOCKS_REUSED), "{err}");
+        // a chunk of only the other blocks still passes (the check is per chunk's blocks)
+        served.source.read(chunk(&e, (0, 1))).await.unwrap();
+        assert_eq!(cat.metrics.served_reused.get(), 1);
+        // re-published at the same id with the same hash: a new generation, still refused
+        // for the transfer that indexed the old publication
+        e.blocks.lock().unwrap().store(hashes[1], 3, TENANT, 2);
+        assert!(served.source.read(chunk(&e, (1, 2))).await.is_err());
+        // a new transfer sees the new publication
+        let again = cat.open(&peer(), &request(&e, &hashes)).unwrap();
+        again.source.read(chunk(&e, (0, 3))).await.unwrap();
+    }
+
+    /// A source that withdraws a block while "reading" (after the bytes were gathered, before
+    /// the re-check): the eviction-during-read race, made deterministic.
+    struct EvictsDuringRead {
+        inner: Arc<dyn ChunkSource>,
+        engine: Arc<EngineEntry>,
+        evict: Arc<AtomicBool>,
+    }
+
+    impl ChunkSource for EvictsDuringRead {
+        fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+            Box::pin(async move {
+                let out = self.inner.read(spec).await?;
+                if self.evict.load(Ordering::SeqCst) {
+                    // the engine's withdrawal lands mid-read, then it overwrites the block
+                    self.engine.blocks.lock().unwrap().remove_id(2, 5);
+                    let ext = self.engine.layout.extents(&[2], 0..2).unwrap();
+                    let mut st =
+                        self.engine.backend.staging(ext.iter().map(|e| e.len as usize).sum()).unwrap();
+                    st.as_mut_slice().fill(0xAB);
+                    self.engine.backend.write(&ext, &st).await.unwrap();
+                }
+                Ok(out)
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn eviction_during_the_read_is_caught_by_the_recheck() {
+        let e = engine();
+        let hashes = [[9u8; 32], [8; 32]];
+        publish(&e, &hashes, 2);
+        let ids = vec![2, 3];
+        let blocks: Vec<_> = {
+            let ix = e.blocks.lock().unwrap();
+            hashes.iter().map(|h| (*h, ix.get(h).unwrap().id, ix.get(h).unwrap().generation)).collect()
+        };
+        let evict = Arc::new(AtomicBool::new(false));
+        let inner: Arc<dyn ChunkSource> = Arc::new(EvictsDuringRead {
+            inner: Arc::new(PoolChunks::new(e.layout.clone(), e.backend.clone(), ids)),
+            engine: e.clone(),
+            evict: evict.clone(),
+        });
+        let metrics: Arc<crate::metrics::Metrics> = Default::default();
+        let src = Revalidated { inner, engine: e.clone(), blocks, metrics: metrics.clone() };
+        src.read(chunk(&e, (0, 2))).await.unwrap();
+        evict.store(true, Ordering::SeqCst);
+        let err = src.read(chunk(&e, (0, 2))).await.map(|_| ()).unwrap_err();
+        assert!(err.contains("block id 2"), "{err}");
+        assert_eq!(metrics.served_reused.get(), 1);
+    }
 }

@@ -14,8 +14,8 @@ use kvferry_pool::MemoryBackend;
 use kvferry_proto::v1::engine_server::Engine;
 use kvferry_proto::v1::{
     DaemonCommand, EngineEvent, LoadRequest, LoadResponse, LookupRequest, LookupResponse, PoolLayoutSpec,
-    RegisterPoolRequest, RegisterPoolResponse, ReleaseRequest, ReleaseResponse, engine_event,
-    register_pool_request,
+    PublishRequest, PublishResponse, RegisterPoolRequest, RegisterPoolResponse, ReleaseRequest,
+    ReleaseResponse, engine_event, register_pool_request,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -50,6 +50,7 @@ pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
         "vllm_flash_attn_hnd" => PoolLayout::vllm_flash_attn(attn, spec.num_blocks, StrideOrder::Hnd),
         "flashinfer_nhd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Nhd),
         "flashinfer_hnd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Hnd),
+        "vllm_cpu" => PoolLayout::vllm_cpu(attn, spec.num_blocks),
         other => return Err(DaemonError::Invalid(format!("layout.kind {other:?} is not supported"))),
     };
     r.map_err(|e| DaemonError::Invalid(format!("layout: {e}")))
@@ -459,6 +460,52 @@ impl Engine for EngineService {
         Ok(Response::new(LoadResponse { blocks_loaded: plan.len() as u32 }))
     }
 
+    async fn publish(&self, req: Request<PublishRequest>) -> Result<Response<PublishResponse>, Status> {
+        let r = req.into_inner();
+        let engine = self.engine(&r.lease_id)?;
+        // Validate everything before changing anything.
+        let removed: Vec<BlockHash> =
+            r.removed_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
+        let mut stored = Vec::new();
+        for s in &r.stored {
+            if s.block_hashes.len() != s.block_ids.len() {
+                return Err(DaemonError::Invalid(
+                    "stored: block_hashes and block_ids differ in length".into(),
+                )
+                .into());
+            }
+            for (h, &id) in s.block_hashes.iter().zip(&s.block_ids) {
+                if id >= engine.layout.num_blocks() {
+                    return Err(DaemonError::Invalid(format!(
+                        "stored: block id {id} is past the pool's {} blocks",
+                        engine.layout.num_blocks()
+                    ))
+                    .into());
+                }
+                stored.push((hash_of(h)?, id, s.tenant.as_str()));
+            }
+        }
+        let mut out = PublishResponse::default();
+        let mut ix =
+            engine.blocks.lock().map_err(|_| DaemonError::Internal("block index poisoned".into()))?;
+        // Withdrawals first: when this call returns, no peer read that starts later serves
+        // them, and every read already running fails its re-check (catalog::Revalidated).
+        for h in &removed {
+            out.removed += u32::from(ix.remove_hash(h));
+        }
+        for &id in &r.removed_block_ids {
+            out.removed += u32::from(ix.remove_id(id, r.epoch));
+        }
+        for (h, id, tenant) in stored {
+            if ix.store(h, id, tenant, r.epoch) {
+                out.stored += 1;
+            } else {
+                out.stale += 1;
+            }
+        }
+        Ok(Response::new(out))
+    }
+
     async fn release(&self, req: Request<ReleaseRequest>) -> Result<Response<ReleaseResponse>, Status> {
         let r = req.into_inner();
         let _ = self.engine(&r.lease_id)?;
@@ -474,7 +521,7 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
             if let Ok(mut b) = engine.blocks.lock() {
                 for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
                     if let Ok(h) = hash_of(h) {
-                        b.insert(h, (*id, s.tenant.clone()));
+                        b.store(h, *id, &s.tenant, 0);
                     }
                 }
             }
@@ -483,7 +530,7 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
             if let Ok(mut b) = engine.blocks.lock() {
                 for h in &r.block_hashes {
                     if let Ok(h) = hash_of(h) {
-                        b.remove(&h);
+                        b.remove_hash(&h);
                     }
                 }
             }

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub migrations_failed: Counter,
     pub bytes_fetched: Counter,
     pub served_requests: Counter,
+    /// Transfers ended because the engine withdrew a block while it was being read.
+    pub served_reused: Counter,
     pub lookups: Counter,
     pub lookup_hit_tokens: Counter,
     pub lookup_tokens: Counter,
@@ -95,6 +97,11 @@ impl Metrics {
             "kvferry_served_requests_total",
             "Fetch requests served to peers.",
             &[("", self.served_requests.get())],
+        );
+        counter(
+            "kvferry_served_reused_total",
+            "Transfers to peers ended because the engine reused a block during the read.",
+            &[("", self.served_reused.get())],
         );
         counter(
             "kvferry_eviction_hint_blocks_total",

@@ -1,6 +1,7 @@
 //! Registered engines: their pools (layout, backend), leases, measured prefill profiles, the
-//! blocks they hold (hash → block id, per tenant), and the command channel of their Attach
-//! stream. Also the shm pools handed over the fd-passing socket, waiting for `RegisterPool`.
+//! blocks they hold ([`BlockIndex`]: hash → block id, tenant and generation), and the command
+//! channel of their Attach stream. Also the shm pools handed over the fd-passing socket,
+//! waiting for `RegisterPool`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -36,8 +37,8 @@ pub struct EngineEntry {
     pub backend: Arc<dyn MemoryBackend>,
     pub profile: Mutex<Profile>,
     pub load: Mutex<EngineLoad>,
-    /// hash → (block id, tenant)
-    pub blocks: Mutex<HashMap<BlockHash, (u32, String)>>,
+    /// What the engine's pool holds, as published by the engine.
+    pub blocks: Mutex<BlockIndex>,
     /// The Attach stream's sender, once attached.
     pub commands: Mutex<Option<mpsc::Sender<Result<DaemonCommand, tonic::Status>>>>,
     /// Recompute completions by session id.
@@ -57,12 +58,155 @@ impl std::fmt::Debug for EngineEntry {
 impl EngineEntry {
     /// Block id of `h` for `tenant`, if this engine holds it.
     pub fn block_of(&self, tenant: &str, h: &BlockHash) -> Option<u32> {
-        self.blocks.lock().ok()?.get(h).filter(|(_, t)| t == tenant).map(|(id, _)| *id)
+        self.held(tenant, h).map(|h| h.id)
+    }
+
+    /// The index entry of `h` for `tenant`, if this engine holds it.
+    pub fn held(&self, tenant: &str, h: &BlockHash) -> Option<Held> {
+        self.blocks.lock().ok()?.get(h).filter(|e| e.tenant == tenant).cloned()
     }
 
     /// Whether the engine's Attach stream is live.
     pub fn attached(&self) -> bool {
         self.commands.lock().map(|c| c.as_ref().is_some_and(|s| !s.is_closed())).unwrap_or(false)
+    }
+}
+
+/// One published block: where it lives and which publication put it there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    /// Block id in the engine's pool.
+    pub id: u32,
+    /// Tenant whose salt the hash carries.
+    pub tenant: String,
+    /// Unique per publication (never reused within a daemon's life): a block withdrawn and
+    /// published again, even at the same id with the same hash, gets a new generation, so a
+    /// reader that saw the old one can tell.
+    pub generation: u64,
+}
+
+/// An engine's published blocks: hash → [`Held`], and block id → hash (a block id holds one
+/// content at a time: storing a new hash at an id drops the old hash).
+///
+/// Ordered publications (`Publish` with an epoch) also remember, per block id, the epoch of
+/// its last withdrawal: a store stamped with an older epoch (a publication that raced with
+/// the block's reuse) is dropped rather than resurrecting bytes the engine overwrote.
+#[derive(Debug, Default)]
+pub struct BlockIndex {
+    by_hash: HashMap<BlockHash, Held>,
+    by_id: HashMap<u32, BlockHash>,
+    withdrawn_epoch: HashMap<u32, u64>,
+    next_generation: u64,
+}
+
+/// A global generation counter, so generations are unique across engines too.
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+impl BlockIndex {
+    /// Records that block `id` holds `h` (of `tenant`). `epoch` 0 is unordered (Attach
+    /// events): always applied. Returns `false` when the store is stale (an ordered store
+    /// older than the id's last withdrawal) and was dropped.
+    pub fn store(&mut self, h: BlockHash, id: u32, tenant: &str, epoch: u64) -> bool {
+        if epoch > 0 && self.withdrawn_epoch.get(&id).is_some_and(|&w| epoch < w) {
+            return false;
+        }
+        if let Some(old) = self.by_id.remove(&id) {
+            self.by_hash.remove(&old);
+        }
+        if let Some(prev) = self.by_hash.remove(&h) {
+            self.by_id.remove(&prev.id);
+        }
+        self.next_generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.by_hash.insert(h, Held { id, tenant: tenant.to_owned(), generation: self.next_generation });
+        self.by_id.insert(id, h);
+        true
+    }
+
+    /// Drops `h`; returns whether it was held.
+    pub fn remove_hash(&mut self, h: &BlockHash) -> bool {
+        match self.by_hash.remove(h) {
+            Some(held) => {
+                self.by_id.remove(&held.id);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Drops whatever block `id` holds and (with `epoch > 0`) remembers the withdrawal's epoch;
+    /// returns whether it held anything.
+    pub fn remove_id(&mut self, id: u32, epoch: u64) -> bool {
+        if epoch > 0 {
+            let w = self.withdrawn_epoch.entry(id).or_insert(0);
+            *w = (*w).max(epoch);
+        }
+        match self.by_id.remove(&id) {
+            Some(h) => {
+                self.by_hash.remove(&h);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The entry of `h`.
+    pub fn get(&self, h: &BlockHash) -> Option<&Held> {
+        self.by_hash.get(h)
+    }
+
+    /// Whether `h` is still held at `id` by the same publication.
+    pub fn still_holds(&self, h: &BlockHash, id: u32, generation: u64) -> bool {
+        self.by_hash.get(h).is_some_and(|e| e.id == id && e.generation == generation)
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_content_per_block_id_and_fresh_generations() {
+        let mut ix = BlockIndex::default();
+        assert!(ix.store([1; 32], 5, "t", 0));
+        let g1 = ix.get(&[1; 32]).unwrap().generation;
+        // another hash stored at id 5 replaces the first
+        assert!(ix.store([2; 32], 5, "t", 0));
+        assert!(ix.get(&[1; 32]).is_none());
+        assert_eq!(ix.len(), 1);
+        // the same hash moved to id 6 frees id 5
+        assert!(ix.store([2; 32], 6, "t", 0));
+        assert!(!ix.remove_id(5, 0));
+        assert!(ix.remove_id(6, 0));
+        assert!(ix.is_empty());
+        // re-published at the same id with the same hash: a new generation
+        ix.store([1; 32], 5, "t", 0);
+        let g2 = ix.get(&[1; 32]).unwrap().generation;
+        assert_ne!(g1, g2);
+        assert!(ix.still_holds(&[1; 32], 5, g2));
+        assert!(!ix.still_holds(&[1; 32], 5, g1));
+        assert!(ix.remove_hash(&[1; 32]));
+        assert!(!ix.remove_hash(&[1; 32]));
+    }
+
+    #[test]
+    fn ordered_stores_older_than_a_withdrawal_are_dropped() {
+        let mut ix = BlockIndex::default();
+        ix.remove_id(9, 10); // the block was reused at step 10
+        assert!(!ix.store([3; 32], 9, "t", 9), "a step-9 publication arriving late");
+        assert!(ix.get(&[3; 32]).is_none());
+        assert!(ix.store([3; 32], 9, "t", 10), "completed in the step that reused it");
+        assert!(ix.store([4; 32], 9, "t", 11));
+        assert!(ix.store([5; 32], 9, "t", 0), "unordered stores always apply");
     }
 }
 

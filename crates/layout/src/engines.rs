@@ -120,6 +120,31 @@ impl PoolLayout {
         Self::custom(LayoutKind::SglangMha, spec, pages, regions, layers)
     }
 
+    /// vLLM's CPU backend ([`LayoutKind::VllmCpu`]): one region holding every layer, layer
+    /// outermost, each layer `(num_blocks, kv_heads, block_size, 2 * head_dim)` contiguous; per
+    /// layer one [`PlaneKind::KvRecord`] plane whose block `b` is the `2 * block_bytes` record at
+    /// `layer * num_blocks * 2 * block_bytes + b * 2 * block_bytes`. Whole blocks only: the
+    /// in-block order (K dimension-major, V token-major per head) is the kind's business, and
+    /// the fingerprint keeps any other layout's bytes out.
+    pub fn vllm_cpu(spec: AttnSpec, num_blocks: u32) -> Result<Self, LayoutError> {
+        let record = mul(block_bytes(&spec)?, 2, "block record")?;
+        let layer_len = mul(u64::from(num_blocks), record, "layer length")?;
+        let region_len = mul(layer_len, u64::from(spec.layers), "region length")?;
+        let layers = (0..spec.layers)
+            .map(|l| {
+                let base = mul(layer_len, u64::from(l), "layer base")?;
+                Ok(vec![Plane {
+                    kind: PlaneKind::KvRecord,
+                    region: 0,
+                    base,
+                    stride: record,
+                    block_bytes: record,
+                }])
+            })
+            .collect::<Result<Vec<_>, LayoutError>>()?;
+        Self::custom(LayoutKind::VllmCpu, spec, num_blocks, vec![region_len], layers)
+    }
+
     /// MLA, vLLM style: per layer one latent region shaped `(num_blocks, block_size,
     /// kv_lora_rank + rope_dim)`.
     pub fn mla(mla: MlaSpec, num_blocks: u32) -> Result<Self, LayoutError> {
@@ -205,6 +230,68 @@ mod tests {
         let s = PoolLayout::sglang_mla(m, 64 * 10).unwrap();
         assert_eq!(s.num_blocks(), 11);
         assert_eq!(s.region_lens()[0], (640 + 64) * 576 * 2);
+    }
+
+    #[test]
+    fn vllm_cpu_is_one_buffer_of_whole_block_records() {
+        // 4 layers, 2 KV heads, head 64, block 128, f32: a record is 2 * 128*2*64*4 = 128 KiB.
+        let spec = AttnSpec { layers: 4, kv_heads: 2, head_dim: 64, block_size: 128, dtype: Dtype::F32 };
+        let l = PoolLayout::vllm_cpu(spec, 10).unwrap();
+        let rec = 2 * 128 * 2 * 64 * 4;
+        assert_eq!(l.region_lens(), &[4 * 10 * rec][..]);
+        // element offset of [layer, b, 0, 0, 0] in a contiguous (L, nb, H, bs, 2*hd) tensor
+        let ext = l.extents(&[7], 2..3).unwrap();
+        assert_eq!(ext, vec![crate::Extent { region: 0, offset: (2 * 10 + 7) * rec, len: rec }]);
+        // consecutive blocks of a layer coalesce; layers do not (other blocks lie between)
+        let ext = l.extents(&[3, 4, 5], 0..2).unwrap();
+        assert_eq!(ext.len(), 2);
+        assert_eq!(ext[0], crate::Extent { region: 0, offset: 3 * rec, len: 3 * rec });
+        assert_eq!(l.bytes_per_block(0..4).unwrap(), 4 * rec);
+        // the last block of the last layer ends at the region's end
+        let last = l.extents(&[9], 3..4).unwrap()[0];
+        assert_eq!(last.offset + last.len, l.region_lens()[0]);
+        // a KvRecord plane of K-plane size is refused
+        let bad = PoolLayout::custom(
+            LayoutKind::VllmCpu,
+            spec,
+            10,
+            vec![4 * 10 * rec],
+            (0..4)
+                .map(|i| {
+                    vec![Plane {
+                        kind: PlaneKind::KvRecord,
+                        region: 0,
+                        base: i * 10 * rec,
+                        stride: rec,
+                        block_bytes: rec / 2,
+                    }]
+                })
+                .collect(),
+        );
+        assert!(matches!(bad, Err(LayoutError::BlockBytes { .. })), "{bad:?}");
+    }
+
+    #[test]
+    fn vllm_cpu_fingerprint_differs_from_every_gpu_layout() {
+        let spec = llama();
+        let cpu = PoolLayout::vllm_cpu(spec, 100).unwrap().fingerprint("m");
+        assert_eq!(cpu.kind.to_string(), "vllm_cpu");
+        for other in [
+            PoolLayout::vllm_flash_attn(spec, 100, StrideOrder::Nhd).unwrap(),
+            PoolLayout::vllm_flash_attn(spec, 100, StrideOrder::Hnd).unwrap(),
+            PoolLayout::flashinfer(spec, 100, StrideOrder::Nhd).unwrap(),
+            PoolLayout::flashinfer(spec, 100, StrideOrder::Hnd).unwrap(),
+        ] {
+            let f = other.fingerprint("m");
+            let e = cpu.check_compatible(&f).unwrap_err();
+            assert_eq!(e.field, "kind");
+            assert_ne!(cpu.digest(), f.digest());
+            // same per-block byte count: only the fingerprint keeps them apart
+            assert_eq!(
+                other.bytes_per_block(0..32).unwrap(),
+                PoolLayout::vllm_cpu(spec, 100).unwrap().bytes_per_block(0..32).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -44,7 +44,8 @@ impl TryFrom<RawLayout> for PoolLayout {
 
 impl PoolLayout {
     /// Any layout, validated: `layers[l]` are layer `l`'s planes in staging order, all with
-    /// `spec.block_bytes()` bytes per block (`kv_heads = 1` for a latent plane).
+    /// `spec.block_bytes()` bytes per block (`kv_heads = 1` for a latent plane; twice that for a
+    /// [`PlaneKind::KvRecord`](crate::PlaneKind::KvRecord) plane).
     ///
     /// Refuses: zero dimensions, a plane table not `spec.layers` long, layers without planes,
     /// unknown regions, zero strides, stride < block bytes, base/stride not multiples of the
@@ -89,6 +90,9 @@ impl PoolLayout {
                 if pl.stride == 0 {
                     return Err(LayoutError::ZeroStride { layer, plane });
                 }
+                let expected = expected
+                    .checked_mul(pl.kind.block_multiple())
+                    .ok_or(LayoutError::Overflow { what: "block bytes" })?;
                 if pl.block_bytes != expected {
                     return Err(LayoutError::BlockBytes { layer, plane, got: pl.block_bytes, expected });
                 }

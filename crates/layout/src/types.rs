@@ -98,6 +98,11 @@ pub enum LayoutKind {
         /// Decoupled RoPE key width.
         rope_dim: u32,
     },
+    /// vLLM's CPU backend: all layers in one buffer, layer outermost; per layer
+    /// `(num_blocks, kv_heads, block_size, 2 * head_dim)`; inside a (block, head) K is stored
+    /// dimension-major (`d * block_size + t`) and then V token-major (`t * head_dim + d`).
+    /// A block's bytes (all heads, K and V) are one contiguous record per layer.
+    VllmCpu,
     /// Anything else, named by the engine.
     Custom {
         /// Engine-chosen name; equal names promise equal in-block byte order.
@@ -111,6 +116,7 @@ impl fmt::Display for LayoutKind {
             LayoutKind::VllmFlashAttn { order } => write!(f, "vllm_flash_attn/{}", order.name()),
             LayoutKind::FlashInfer { order } => write!(f, "flashinfer/{}", order.name()),
             LayoutKind::SglangMha => f.write_str("sglang_mha"),
+            LayoutKind::VllmCpu => f.write_str("vllm_cpu"),
             LayoutKind::Mla { kv_lora_rank, rope_dim } => write!(f, "mla/{kv_lora_rank}+{rope_dim}"),
             LayoutKind::SglangMla { kv_lora_rank, rope_dim } => {
                 write!(f, "sglang_mla/{kv_lora_rank}+{rope_dim}")
@@ -155,6 +161,19 @@ pub enum PlaneKind {
     V,
     /// MLA latent (compressed KV + RoPE key).
     Latent,
+    /// Keys and values of every head of a block in one record (vLLM CPU): twice
+    /// [`AttnSpec::block_bytes`].
+    KvRecord,
+}
+
+impl PlaneKind {
+    /// How many [`AttnSpec::block_bytes`] one block of this plane holds.
+    pub fn block_multiple(self) -> u64 {
+        match self {
+            PlaneKind::K | PlaneKind::V | PlaneKind::Latent => 1,
+            PlaneKind::KvRecord => 2,
+        }
+    }
 }
 
 /// One array of blocks: block `b` occupies `region[base + b*stride .. + block_bytes]`.

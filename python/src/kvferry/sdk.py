@@ -1,0 +1,259 @@
+"""An engine SDK over kvferry's Engine API (a Unix socket to the local daemon), for any Python
+engine: register a pool, hold its lease (the Attach stream), publish stored and withdrawn
+blocks (acknowledged), Lookup / Load / Release, report load and a measured prefill profile,
+and answer the daemon's Recompute commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from kvferry.profile import Fit
+from kvferry.v1 import kvferry_pb2 as pb
+from kvferry.v1 import kvferry_pb2_grpc as rpc
+
+log = logging.getLogger("kvferry.sdk")
+
+# Layout kinds the daemon accepts (PoolLayoutSpec.kind).
+LAYOUT_KINDS = ("vllm_cpu", "vllm_flash_attn_nhd", "vllm_flash_attn_hnd", "flashinfer_nhd", "flashinfer_hnd")
+DTYPES = ("f32", "bf16", "f16", "fp8_e4m3")
+
+
+class KvferryError(RuntimeError):
+    """A daemon call failed; ``code`` is the gRPC status code."""
+
+    def __init__(self, what: str, code: grpc.StatusCode | None, detail: str) -> None:
+        super().__init__(f"{what}: {code.name if code else 'error'}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+def _call(what: str, fn: Callable[[], object]) -> object:
+    try:
+        return fn()
+    except grpc.RpcError as e:
+        raise KvferryError(what, e.code(), e.details() or "") from e
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """`PoolLayoutSpec`: what the pool holds and how (kind and dtype names as the daemon's)."""
+
+    kind: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    block_size: int
+    num_blocks: int
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYOUT_KINDS:
+            raise ValueError(f"layout kind {self.kind!r} is not one of {LAYOUT_KINDS}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r} is not one of {DTYPES}")
+        for k in ("layers", "kv_heads", "head_dim", "block_size", "num_blocks"):
+            if getattr(self, k) <= 0:
+                raise ValueError(f"layout {k} must be positive")
+
+    def to_pb(self) -> pb.PoolLayoutSpec:
+        return pb.PoolLayoutSpec(
+            kind=self.kind,
+            layers=self.layers,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            dtype=self.dtype,
+        )
+
+    @property
+    def fingerprint_kind(self) -> str:
+        """The kind as the fingerprint names it (``vllm_flash_attn_hnd`` → ``vllm_flash_attn/hnd``)."""
+        for prefix in ("vllm_flash_attn", "flashinfer"):
+            if self.kind.startswith(prefix + "_"):
+                return prefix + "/" + self.kind[len(prefix) + 1 :]
+        return self.kind
+
+
+@dataclass(frozen=True)
+class Lease:
+    lease_id: str
+    fingerprint: bytes
+
+
+RecomputeHandler = Callable[[pb.Recompute], tuple[int, float, str]]
+"""Runs a recompute: returns (tokens now ready, seconds, error or "")."""
+
+
+class EngineClient:
+    """A connection to the local daemon's Engine API."""
+
+    def __init__(self, socket_path: str, timeout_s: float = 30.0) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        # The socket path is no valid :authority for the daemon's HTTP/2 server: name one.
+        self._channel = grpc.insecure_channel(
+            f"unix:{socket_path}", options=[("grpc.default_authority", "localhost")]
+        )
+        self._stub = rpc.EngineStub(self._channel)
+        self._events: queue.Queue[pb.EngineEvent | None] | None = None
+        self._attach_thread: threading.Thread | None = None
+        self._lease: Lease | None = None
+        self.attached = threading.Event()
+        self.detached = threading.Event()
+
+    # ------------------------------------------------------------------ pools and leases
+
+    def register_nixl_pool(
+        self,
+        engine_id: str,
+        model_id: str,
+        layout: LayoutSpec,
+        descriptor_json: bytes,
+        profile: Fit,
+    ) -> Lease:
+        """`RegisterPool` with NIXL access (DRAM or VRAM, see `kvferry.nixl_pool`)."""
+        req = pb.RegisterPoolRequest(
+            engine_id=engine_id,
+            model_id=model_id,
+            layout=layout.to_pb(),
+            nixl=pb.NixlAccess(descriptor_json=descriptor_json),
+            profile=_profile_pb(profile),
+        )
+        r = _call("RegisterPool", lambda: self._stub.RegisterPool(req, timeout=max(self.timeout_s, 60.0)))
+        assert isinstance(r, pb.RegisterPoolResponse)
+        self._lease = Lease(r.lease_id, bytes(r.layout_fingerprint))
+        return self._lease
+
+    def attach(
+        self,
+        lease: Lease,
+        on_recompute: RecomputeHandler | None = None,
+        on_evict: Callable[[list[bytes]], None] | None = None,
+    ) -> None:
+        """Opens the Attach stream (the lease lives as long as it) on a background thread.
+        Recompute commands run ``on_recompute`` on their own thread and answer RecomputeDone."""
+        events: queue.Queue[pb.EngineEvent | None] = queue.Queue()
+        self._events = events
+        events.put(pb.EngineEvent(lease_id=lease.lease_id))
+
+        def outgoing() -> Iterator[pb.EngineEvent]:
+            while True:
+                ev = events.get()
+                if ev is None:
+                    return
+                yield ev
+
+        def run() -> None:
+            try:
+                stream = self._stub.Attach(outgoing())
+                self.attached.set()
+                for cmd in stream:
+                    which = cmd.WhichOneof("command")
+                    if which == "recompute" and on_recompute is not None:
+                        threading.Thread(
+                            target=self._run_recompute, args=(cmd.recompute, on_recompute), daemon=True
+                        ).start()
+                    elif which == "evict" and on_evict is not None:
+                        on_evict(list(cmd.evict.block_hashes))
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.CANCELLED:
+                    log.warning("kvferry: Attach stream ended: %s %s", e.code(), e.details())
+            finally:
+                self.detached.set()
+
+        self._attach_thread = threading.Thread(target=run, name="kvferry-attach", daemon=True)
+        self._attach_thread.start()
+        self.attached.wait(timeout=self.timeout_s)
+
+    def _run_recompute(self, cmd: pb.Recompute, handler: RecomputeHandler) -> None:
+        try:
+            tokens, seconds, error = handler(cmd)
+        except Exception as e:  # reported to the daemon, which falls back or fails the session
+            tokens, seconds, error = 0, 0.0, f"{type(e).__name__}: {e}"
+        self.send(
+            pb.EngineEvent(
+                recompute_done=pb.RecomputeDone(
+                    session_id=cmd.session_id, tokens=tokens, seconds=seconds, error=error
+                )
+            )
+        )
+
+    def send(self, ev: pb.EngineEvent) -> None:
+        """Queues one event on the Attach stream (unordered w.r.t. unary calls)."""
+        if self._events is None or self._lease is None:
+            raise KvferryError("Attach", None, "not attached")
+        ev.lease_id = self._lease.lease_id
+        self._events.put(ev)
+
+    def report_load(self, queue_depth: int, utilization: float, profile: Fit | None) -> None:
+        """`LoadReport` on the Attach stream: what is queued now and the measured profile."""
+        rep = pb.LoadReport(queue_depth=queue_depth, utilization=utilization)
+        if profile is not None:
+            rep.profile.CopyFrom(_profile_pb(profile))
+        self.send(pb.EngineEvent(load=rep))
+
+    # ------------------------------------------------------------------ acknowledged calls
+
+    def publish(
+        self,
+        lease_id: str,
+        stored: Sequence[tuple[str, Sequence[bytes], Sequence[int]]] = (),
+        removed_block_ids: Sequence[int] = (),
+        removed_hashes: Sequence[bytes] = (),
+        epoch: int = 0,
+    ) -> pb.PublishResponse:
+        """Withdraws, then stores; returns once the daemon's index changed (see the proto)."""
+        req = pb.PublishRequest(
+            lease_id=lease_id,
+            stored=[pb.BlockStored(tenant=t, block_hashes=list(h), block_ids=list(i)) for t, h, i in stored],
+            removed_block_ids=list(removed_block_ids),
+            removed_hashes=list(removed_hashes),
+            epoch=epoch,
+        )
+        r = _call("Publish", lambda: self._stub.Publish(req, timeout=self.timeout_s))
+        assert isinstance(r, pb.PublishResponse)
+        return r
+
+    def lookup(self, lease_id: str, tenant: str, token_ids: Sequence[int]) -> pb.LookupResponse:
+        req = pb.LookupRequest(lease_id=lease_id, tenant=tenant, token_ids=list(token_ids))
+        r = _call("Lookup", lambda: self._stub.Lookup(req, timeout=self.timeout_s))
+        assert isinstance(r, pb.LookupResponse)
+        return r
+
+    def load(self, lease_id: str, tenant: str, hashes: Sequence[bytes], block_ids: Sequence[int]) -> int:
+        """The daemon writes the ready blocks into ``block_ids``; returns the count loaded
+        (all of them, or an error: the blocks are then not valid)."""
+        req = pb.LoadRequest(
+            lease_id=lease_id, tenant=tenant, block_hashes=list(hashes), block_ids=list(block_ids)
+        )
+        r = _call("Load", lambda: self._stub.Load(req, timeout=self.timeout_s))
+        assert isinstance(r, pb.LoadResponse)
+        return r.blocks_loaded
+
+    def release(self, lease_id: str, hashes: Sequence[bytes]) -> None:
+        req = pb.ReleaseRequest(lease_id=lease_id, block_hashes=list(hashes))
+        _call("Release", lambda: self._stub.Release(req, timeout=self.timeout_s))
+
+    def close(self) -> None:
+        """Ends the Attach stream (the lease ends with it) and the channel."""
+        if self._events is not None:
+            self._events.put(None)
+        if self._attach_thread is not None:
+            self.detached.wait(timeout=5)
+        self._channel.close()
+
+
+def _profile_pb(p: Fit) -> pb.PrefillProfile:
+    return pb.PrefillProfile(
+        linear_s_per_token=p.linear_s_per_token,
+        attention_s_per_pair=p.attention_s_per_pair,
+        samples=p.samples,
+    )

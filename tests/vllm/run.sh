@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# kvferry with real vLLM: installs everything it needs, then runs the Python package's own
+# checks (ruff, pytest) and the two-region proof (tests/vllm/two_region.py) against real vLLM
+# processes (CPU build) and real daemons. This is what .ci/run calls.
+#
+#   tests/vllm/run.sh              # everything (~5 min on 2 cores after the first install)
+#   KVFERRY_VLLM_VENV=DIR ...      # venv location (default <repo>/.venv-vllm)
+#   KVFERRY_VLLM_WORK=DIR ...      # scratch dir (default: a fresh mktemp dir)
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo"
+
+venv="$(bash tests/vllm/install.sh)"
+py="$venv/bin/python"
+# NIXL runtime environment for the daemons (and vLLM's NIXL agent).
+# shellcheck disable=SC1091
+PYTHON="$py" source deploy/install-nixl.sh >/dev/null
+
+work="${KVFERRY_VLLM_WORK:-$(mktemp -d /tmp/kvferry-vllm.XXXXXX)}"
+mkdir -p "$work/bin"
+echo "== building kvferry and kvferry-nixl-engine" >&2
+cargo build -q -p kvferry -p kvferry-pool-nixl --bins
+target="${CARGO_TARGET_DIR:-$repo/target}/debug"
+# Private copies: a shared target dir may be rebuilt from another checkout meanwhile.
+cp "$target/kvferry" "$target/kvferry-nixl-engine" "$work/bin/"
+
+echo "== python: ruff + pytest" >&2
+(cd python && "$venv/bin/ruff" check . ../tests/vllm && "$venv/bin/ruff" format --check . ../tests/vllm)
+KVFERRY_BIN_DIR="$work/bin" "$py" -m pytest -q python/tests
+
+echo "== two regions, real vLLM" >&2
+"$py" tests/vllm/two_region.py --bin-dir "$work/bin" --work "$work" --json "$work/two_region.json"
+echo "tests/vllm/run.sh: ok (details in $work)" >&2

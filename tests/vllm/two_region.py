@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""The two-region proof with real vLLM (CPU build) processes and real kvferry daemons:
+
+    two_region.py --bin-dir DIR --work DIR [--json OUT]
+
+For each model shape (two: fp32 4 layers / 2 KV heads / head 64 / block 128, and bf16
+3 layers / 4 KV heads / head 32 / block 64): daemon A + vLLM A, daemon B + vLLM B on loopback,
+each vLLM with KvferryConnector; all requests go through vLLM's OpenAI-compatible server and
+the router calls go through kvferry's Migration API (kvferry.router). Every check compares
+against a B that recomputed everything (same prompt, another cache_salt: no cache hit).
+Exits non-zero on the first failed check; prints one JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import ModelShape, Region, pair  # noqa: E402
+
+from kvferry.router import MigrationResult, RouterClient  # noqa: E402
+
+SHAPES = [
+    ModelShape(
+        "tiny-llama-f32",
+        layers=4,
+        kv_heads=2,
+        heads=4,
+        head_dim=64,
+        dtype="float32",
+        block_size=128,
+        kv_bytes=32 << 20,
+    ),
+    ModelShape(
+        "tiny-llama-bf16",
+        layers=3,
+        kv_heads=4,
+        heads=4,
+        head_dim=32,
+        dtype="bfloat16",
+        block_size=64,
+        kv_bytes=8 << 20,
+    ),
+]
+
+# A's egress to B is capped (0.02 Gbit/s, 1 MiB chunks) so that a transfer lasts long
+# enough to be cut or raced by eviction mid-way.
+EGRESS_GBPS = 0.02
+
+
+class Failed(AssertionError):
+    pass
+
+
+def check(cond: bool, what: str, **ctx: Any) -> None:
+    if not cond:
+        raise Failed(f"{what}: {json.dumps(ctx, default=str)}")
+    print(f"  ok: {what}", flush=True)
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(3, 1000) for _ in range(n)]
+
+
+def full_tokens(n: int, bs: int) -> int:
+    return (n // bs) * bs
+
+
+def conversation(a: Region, tenant: str, rng: random.Random, n: int) -> tuple[list[int], list[int]]:
+    """Turn 1 in A; returns (context after turn 1, turn 2 prompt)."""
+    p = prompt(rng, n)
+    out = a.complete(p, 8, tenant=tenant)["tokens"]
+    ctx = p + out
+    return ctx, ctx + prompt(rng, 24)
+
+
+def migrate(b: Region, a: Region, tenant: str, tokens: list[int], policy: str, **kw: Any) -> dict[str, Any]:
+    rc = RouterClient(b.router_addr, timeout_s=120)
+    on_progress: threading.Event | None = kw.pop("on_progress", None)
+    req = rc.request(
+        f"s-{tenant}-{policy}",
+        tenant,
+        tokens,
+        model_id=b.shape.name,
+        policy=policy,
+        source_region=a.name,
+        deadline_ms=kw.pop("deadline_ms", 60000),
+    )
+    t = time.perf_counter()
+    res = MigrationResult()
+    for ev in rc.events(req):
+        kind = ev.WhichOneof("event")
+        if kind == "decision":
+            res.decision = ev.decision
+            if on_progress is not None and ev.decision.action == "fetch":
+                on_progress.set()
+        elif kind == "progress":
+            res.progress.append(ev.progress)
+            if on_progress is not None:
+                on_progress.set()
+        elif kind == "receipt":
+            res.receipt = ev.receipt
+    wall = time.perf_counter() - t
+    rc.close()
+    d, r = res.decision, res.receipt
+    return {
+        "decision": d.action if d else None,
+        "reason": d.reason if d else None,
+        "source_tokens": d.source_tokens if d else 0,
+        "receipt": r.action if r else None,
+        "tokens_ready": r.tokens_ready if r else 0,
+        "bytes_moved": r.bytes_moved if r else 0,
+        "predicted_s": r.predicted_s if r else 0.0,
+        "measured_s": r.measured_s if r else 0.0,
+        "fallback": r.fallback if r else "",
+        "path": r.path if r else "",
+        "recompute_s_per_token": d.recompute_s_per_token if d else 0.0,
+        "wall_s": wall,
+    }
+
+
+def reference(b: Region, turn2: list[int], tag: str) -> list[int]:
+    r = b.complete(turn2, 16, tenant=f"ref-{tag}-{random.random()}")
+    check(r["cached_tokens"] == 0, f"reference B recomputed everything ({tag})", cached=r["cached_tokens"])
+    return r["tokens"]
+
+
+def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, full: bool) -> dict[str, Any]:
+    env = dict(os.environ)
+    a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=EGRESS_GBPS)
+    a.chunk_bytes = b.chunk_bytes = 1 << 20
+    out: dict[str, Any] = {"shape": shape.__dict__}
+    bs = shape.block_size
+    rng = random.Random(7)
+    try:
+        a.start_daemon(env)
+        b.start_daemon(env)
+        t = time.time()
+        a.start_vllm(env)
+        b.start_vllm(env)
+        a.wait_vllm()
+        b.wait_vllm()
+        out["vllm_start_s"] = time.time() - t
+        # B measures its own prefill (LoadReport) on unrelated traffic.
+        for i in range(8):
+            b.complete(prompt(rng, 200 + 100 * (i % 4)), 2, tenant=f"warm-{i}")
+
+        print(f"[{shape.name}] policy fetch", flush=True)
+        ctx, turn2 = conversation(a, "t-fetch", rng, 6 * bs - 20)
+        m = migrate(b, a, "t-fetch", ctx, "fetch")
+        out["fetch"] = m
+        check(m["receipt"] == "fetch" and not m["fallback"], "fetch executed", **m)
+        check(m["tokens_ready"] == full_tokens(len(ctx), bs), "receipt covers the full blocks", **m)
+        ref = reference(b, turn2, "fetch")
+        r = b.complete(turn2, 16, tenant="t-fetch")
+        out["fetch_turn"] = {"cached_tokens": r["cached_tokens"], "prompt_tokens": len(turn2)}
+        check(
+            r["cached_tokens"] >= full_tokens(len(ctx), bs),
+            "B's next turn reports the migrated blocks cached",
+            cached=r["cached_tokens"],
+            full=full_tokens(len(ctx), bs),
+        )
+        check(r["tokens"] == ref, "greedy tokens equal a full recompute", got=r["tokens"], want=ref)
+
+        print(f"[{shape.name}] policy recompute", flush=True)
+        ctx, turn2 = conversation(a, "t-rec", rng, 4 * bs + 10)
+        m = migrate(b, a, "t-rec", ctx, "recompute")
+        out["recompute"] = m
+        check(
+            m["receipt"] == "recompute" and m["bytes_moved"] == 0, "recompute executed, no bytes moved", **m
+        )
+        r = b.complete(turn2, 16, tenant="t-rec")
+        check(
+            r["cached_tokens"] >= full_tokens(len(ctx), bs),
+            "B's prefix cache holds the recomputed prefix",
+            cached=r["cached_tokens"],
+        )
+        check(r["tokens"] == reference(b, turn2, "rec"), "recompute: tokens equal a full recompute")
+
+        if not full:
+            return out
+
+        print(f"[{shape.name}] policy auto", flush=True)
+        ctx, turn2 = conversation(a, "t-auto", rng, 5 * bs)
+        m = migrate(b, a, "t-auto", ctx, "auto")
+        out["auto"] = m
+        check(
+            m["receipt"] in ("fetch", "recompute", "split") and m["predicted_s"] > 0 and m["measured_s"] > 0,
+            "auto: the daemon decided and measured",
+            **m,
+        )
+        check(m["recompute_s_per_token"] > 0, "auto used a measured prefill cost", **m)
+        print(
+            f"    auto decided {m['decision']} ({m['reason']}); predicted {m['predicted_s']:.3f} s, "
+            f"measured {m['measured_s']:.3f} s",
+            flush=True,
+        )
+        r = b.complete(turn2, 16, tenant="t-auto")
+        check(
+            r["cached_tokens"] >= full_tokens(len(ctx), bs),
+            "auto: next turn finds the prefix warm",
+            cached=r["cached_tokens"],
+        )
+        check(r["tokens"] == reference(b, turn2, "auto"), "auto: tokens equal a full recompute")
+
+        print(f"[{shape.name}] wrong tenant", flush=True)
+        ctx, turn2 = conversation(a, "t-owner", rng, 4 * bs)
+        m = migrate(b, a, "t-intruder", ctx, "fetch")
+        out["wrong_tenant"] = m
+        check(
+            m["bytes_moved"] == 0 and m["source_tokens"] == 0,
+            "wrong tenant: nothing matched, nothing moved",
+            **m,
+        )
+        # (the daemon may then recompute the intruder's own copy in B: that is its prefill, not A's bytes)
+        r = b.complete(turn2, 16, tenant="t-owner")
+        check(
+            r["cached_tokens"] == 0,
+            "wrong tenant: none of the owner's blocks reached B",
+            cached=r["cached_tokens"],
+        )
+
+        print(f"[{shape.name}] evicted in A before B fetches", flush=True)
+        ctx, turn2 = conversation(a, "t-evicted", rng, 4 * bs)
+        flood(a, rng, shape)
+        m = migrate(b, a, "t-evicted", ctx, "fetch")
+        out["evicted_before"] = m
+        r = b.complete(turn2, 16, tenant="t-evicted")
+        check(
+            m["tokens_ready"] == 0 or m["receipt"] == "recompute" or m["fallback"] != "",
+            "evicted: nothing stale fetched",
+            **m,
+        )
+        check(r["tokens"] == reference(b, turn2, "evicted"), "evicted: tokens equal a full recompute")
+
+        print(f"[{shape.name}] eviction in A while B reads", flush=True)
+        ctx, turn2 = conversation(a, "t-race", rng, 8 * bs)
+        reused0 = a.metric("kvferry_served_reused_total")
+        res: dict[str, Any] = {}
+        th = threading.Thread(target=lambda: res.update(migrate(b, a, "t-race", ctx, "fetch")))
+        th.start()
+        time.sleep(0.3)
+        flood(a, rng, shape)
+        th.join()
+        reused = a.metric("kvferry_served_reused_total") - reused0
+        out["evicted_during"] = dict(res, reused_transfers=reused)
+        r = b.complete(turn2, 16, tenant="t-race")
+        check(
+            r["tokens"] == reference(b, turn2, "race"),
+            "eviction during the read: tokens equal a full recompute",
+            **res,
+        )
+        check(
+            reused >= 1 or res.get("bytes_moved", 0) > 0,
+            "eviction during the read: the transfer was refused by the re-check (or finished first)",
+            reused=reused,
+            **res,
+        )
+
+        print(f"[{shape.name}] transfer cut mid-way (source daemon killed)", flush=True)
+        ctx, turn2 = conversation(a, "t-cut", rng, 8 * bs)
+        res = {}
+        moving = threading.Event()
+        th = threading.Thread(
+            target=lambda: res.update(
+                migrate(b, a, "t-cut", ctx, "fetch", deadline_ms=30000, on_progress=moving)
+            )
+        )
+        th.start()
+        moving.wait(timeout=5)
+        # The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
+        assert a.daemon is not None
+        os.kill(a.daemon.pid, signal.SIGSTOP)
+        th.join()
+        os.kill(a.daemon.pid, signal.SIGKILL)
+        a.stop("daemon")
+        out["cut"] = res
+        check(
+            res.get("receipt") == "recompute" and res.get("fallback", "") != "",
+            "cut: B fell back to recompute",
+            **res,
+        )
+        r = b.complete(turn2, 16, tenant="t-cut")
+        check(r["tokens"] == reference(b, turn2, "cut"), "cut: tokens equal a full recompute")
+        return out
+    finally:
+        a.stop()
+        b.stop()
+
+
+def flood(a: Region, rng: random.Random, shape: ModelShape) -> None:
+    """Enough distinct prompts to make vLLM A reuse every free cached block."""
+    blocks = shape.kv_bytes // (
+        2
+        * shape.layers
+        * shape.kv_heads
+        * shape.block_size
+        * shape.head_dim
+        * (4 if shape.dtype == "float32" else 2)
+    )
+    n = int(blocks // 4) + 4
+    ths = [threading.Thread(target=a.complete, args=(prompt(rng, 4 * shape.block_size), 1)) for _ in range(n)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin-dir", type=Path, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    from make_model import main as _  # noqa: F401  (ensures the script is importable)
+
+    summary: dict[str, Any] = {"shapes": []}
+    t0 = time.time()
+    for i, shape in enumerate(SHAPES):
+        model_dir = a.work / "models" / shape.name
+        import subprocess
+
+        subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).parent / "make_model.py"),
+                str(model_dir),
+                "--layers",
+                str(shape.layers),
+                "--heads",
+                str(shape.heads),
+                "--kv-heads",
+                str(shape.kv_heads),
+                "--head-dim",
+                str(shape.head_dim),
+                "--dtype",
+                shape.dtype,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        summary["shapes"].append(run_shape(shape, a.work, a.bin_dir, model_dir, full=(i == 0)))
+    summary["wall_s"] = time.time() - t0
+    text = json.dumps(summary, indent=1, default=str)
+    if a.json:
+        a.json.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except Failed as e:
+        print(f"FAILED: {e}", file=sys.stderr)
+        sys.exit(1)
