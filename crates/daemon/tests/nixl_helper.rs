@@ -259,8 +259,9 @@ async fn nixl_helpers_under_concurrency_and_failure() {
     let mut c = client.clone();
 
     // No helper program: refused, naming why.
-    // SAFETY (of the process-wide change): this test binary has this one test; nothing else
-    // reads the environment concurrently except the daemon's registration, which is the point.
+    // SAFETY: set_var is unsound only with concurrent environment access from other threads;
+    // this test binary has this one test, and the daemon reads the variable only inside the
+    // registration calls this test awaits one at a time.
     unsafe { std::env::set_var(kvferry_daemon::engine_api::NIXL_HELPER_ENV, "") };
     let e = c.register_pool(request("engine-no-helper", json.clone())).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
