@@ -105,7 +105,8 @@ pub fn nixl_helper() -> Option<kvferry_pool_nixl::HelperCommand> {
 
 /// Parses a NIXL pool descriptor (kvferry_pool_nixl's JSON form), checks its regions against
 /// the layout's (one NIXL region per layout region, each at least as long), and attaches to it.
-/// Blocking (may run the metadata checker): call it off the async executor.
+/// Blocking (starts the pool's NIXL helper process and waits for its attach): call it off the
+/// async executor.
 pub fn attach_nixl(
     descriptor_json: &[u8],
     region_lens: &[u64],
