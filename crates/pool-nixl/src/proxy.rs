@@ -277,12 +277,18 @@ impl NixlBackend {
         let (peer, agent_name) = match attached {
             Ok(Done::Attached { peer, agent_name }) => (peer, agent_name),
             Ok(Done::Done) => return Err(io("protocol", "attach answered without an agent")),
-            Err(PoolError::Backend { detail, .. }) if detail.contains("died of signal") => {
-                return Err(PoolError::BadMetadata(format!(
-                    "the engine's NIXL metadata crashed the isolated helper ({detail}); refused"
-                )));
+            Err(e) => {
+                // However the failure surfaced (a reply saying the helper is gone, or our send
+                // hitting a closed socket because it died first), a helper killed by a signal
+                // while attaching is the crash this design isolates: refuse the metadata.
+                let why = conn.exit_reason();
+                if why.contains("died of signal") {
+                    return Err(PoolError::BadMetadata(format!(
+                        "the engine's NIXL metadata crashed the isolated helper ({why}); refused"
+                    )));
+                }
+                return Err(e);
             }
-            Err(e) => return Err(e),
         };
         let infos = desc.regions.iter().map(|r| RegionInfo { len: r.len }).collect();
         Ok(Self {
