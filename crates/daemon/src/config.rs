@@ -7,7 +7,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
+use kvferry_peer::Congestion;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
 /// A configuration the daemon refuses to start with.
@@ -23,6 +24,108 @@ pub enum ConfigError {
 
 fn invalid(field: impl Into<String>, rule: impl Into<String>) -> ConfigError {
     ConfigError::Invalid { field: field.into(), rule: rule.into() }
+}
+
+/// A setting with a fixed set of values, spelled in the file as one of `NAMES`. An unknown
+/// value is a parse error that names the field and the values it takes.
+trait Choice: Sized + Copy + PartialEq + 'static {
+    /// The setting's path in the file, for error messages.
+    const FIELD: &'static str;
+    /// Every value with its spelling (the first spelling of a value is the one written out).
+    const NAMES: &'static [(&'static str, Self)];
+
+    fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, v)| *v == self).map_or("?", |(n, _)| n)
+    }
+
+    fn from_name(s: &str) -> Result<Self, String> {
+        Self::NAMES.iter().find(|(n, _)| *n == s).map(|(_, v)| *v).ok_or_else(|| {
+            let known: Vec<String> = Self::NAMES.iter().map(|(n, _)| format!("{n:?}")).collect();
+            format!("{}: must be one of {}, got {s:?}", Self::FIELD, known.join(", "))
+        })
+    }
+}
+
+fn ser_choice<T: Choice, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(v.name())
+}
+
+fn de_choice<'de, T: Choice, D: Deserializer<'de>>(d: D) -> Result<T, D::Error> {
+    let s = String::deserialize(d)?;
+    T::from_name(&s).map_err(serde::de::Error::custom)
+}
+
+macro_rules! choice_serde {
+    ($t:ty) => {
+        impl Serialize for $t {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                ser_choice(self, s)
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                de_choice(d)
+            }
+        }
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+    };
+}
+
+/// Where the peer TLS identity comes from (`tls.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// A throwaway CA in `tls.dev_dir` signs this region's certificate.
+    Dev,
+    /// PEM files `tls.ca`, `tls.cert`, `tls.key`.
+    Files,
+}
+
+impl Choice for TlsMode {
+    const FIELD: &'static str = "tls.mode";
+    const NAMES: &'static [(&'static str, Self)] = &[("dev", Self::Dev), ("files", Self::Files)];
+}
+choice_serde!(TlsMode);
+
+/// TLS on the router-facing API (`router_tls.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouterTlsMode {
+    /// Plaintext gRPC.
+    Off,
+    /// Mutual TLS with the dev CA in `tls.dev_dir`.
+    Dev,
+    /// Mutual TLS with PEM files `router_tls.cert`, `router_tls.key`, `router_tls.client_ca`.
+    Files,
+}
+
+impl Choice for RouterTlsMode {
+    const FIELD: &'static str = "router_tls.mode";
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("off", Self::Off), ("dev", Self::Dev), ("files", Self::Files)];
+}
+choice_serde!(RouterTlsMode);
+
+/// `transfer.congestion`: the peer crate's [`Congestion`], spelled as [`Congestion::parse`]
+/// reads it (written out as [`Congestion::name`]).
+mod congestion {
+    use kvferry_peer::Congestion;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(c: &Congestion, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(c.name())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Congestion, D::Error> {
+        let s = String::deserialize(d)?;
+        Congestion::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "transfer.congestion: must be \"cubic\", \"bbr\" or \"newreno\", got {s:?}"
+            ))
+        })
+    }
 }
 
 /// The whole configuration.
@@ -71,7 +174,7 @@ pub struct Auth {
 pub struct Tls {
     /// `dev`: a throwaway CA in `dev_dir` (created if missing) signs this region's certificate.
     /// `files`: PEM files below.
-    pub mode: String,
+    pub mode: TlsMode,
     pub dev_dir: PathBuf,
     pub ca: PathBuf,
     pub cert: PathBuf,
@@ -88,7 +191,7 @@ pub struct RouterTls {
     /// server certificate (SANs `localhost`, `127.0.0.1`, `::1` and `listen.grpc`'s address),
     /// trusts itself as the router client CA, and writes a router client certificate
     /// (`router-client.pem`, `router-client.key`) into `tls.dev_dir`. `files`: PEM files below.
-    pub mode: String,
+    pub mode: RouterTlsMode,
     /// Server certificate chain presented to routers (`files`).
     pub cert: PathBuf,
     /// Its private key (`files`).
@@ -99,7 +202,12 @@ pub struct RouterTls {
 
 impl Default for RouterTls {
     fn default() -> Self {
-        Self { mode: "off".into(), cert: PathBuf::new(), key: PathBuf::new(), client_ca: PathBuf::new() }
+        Self {
+            mode: RouterTlsMode::Off,
+            cert: PathBuf::new(),
+            key: PathBuf::new(),
+            client_ca: PathBuf::new(),
+        }
     }
 }
 
@@ -153,8 +261,9 @@ pub struct Limits {
 pub struct Transfer {
     pub chunk_bytes: u32,
     pub streams: u32,
-    /// cubic | bbr | newreno
-    pub congestion: String,
+    /// cubic | bbr | newreno (also accepted: `new-reno`, `reno`, any letter case).
+    #[serde(with = "congestion")]
+    pub congestion: Congestion,
     /// QUIC idle timeout to peers, ms. A peer silent this long is taken as lost (the fetch
     /// resumes on a new connection); silent for twice this long, the fetch is abandoned and
     /// the migration falls back to recompute.
@@ -211,7 +320,7 @@ fn unreachable_addr() -> SocketAddr {
 impl Default for Tls {
     fn default() -> Self {
         Self {
-            mode: "dev".into(),
+            mode: TlsMode::Dev,
             dev_dir: PathBuf::from("/run/kvferry/dev-ca"),
             ca: PathBuf::new(),
             cert: PathBuf::new(),
@@ -235,7 +344,7 @@ impl Default for Limits {
 
 impl Default for Transfer {
     fn default() -> Self {
-        Self { chunk_bytes: 4 << 20, streams: 4, congestion: "cubic".into(), idle_timeout_ms: 10_000 }
+        Self { chunk_bytes: 4 << 20, streams: 4, congestion: Congestion::Cubic, idle_timeout_ms: 10_000 }
     }
 }
 
@@ -307,9 +416,9 @@ impl Config {
         if !name_ok(&self.trust_domain) {
             return Err(invalid("trust_domain", "must be non-empty: letters, digits, '-', '.', '_'"));
         }
-        match self.tls.mode.as_str() {
-            "dev" => {}
-            "files" => {
+        match self.tls.mode {
+            TlsMode::Dev => {}
+            TlsMode::Files => {
                 for (f, p) in
                     [("tls.ca", &self.tls.ca), ("tls.cert", &self.tls.cert), ("tls.key", &self.tls.key)]
                 {
@@ -318,11 +427,10 @@ impl Config {
                     }
                 }
             }
-            other => return Err(invalid("tls.mode", format!("must be \"dev\" or \"files\", got {other:?}"))),
         }
-        match self.router_tls.mode.as_str() {
-            "off" | "dev" => {}
-            "files" => {
+        match self.router_tls.mode {
+            RouterTlsMode::Off | RouterTlsMode::Dev => {}
+            RouterTlsMode::Files => {
                 let r = &self.router_tls;
                 for (f, p) in [
                     ("router_tls.cert", &r.cert),
@@ -333,12 +441,6 @@ impl Config {
                         return Err(invalid(f, "is required with router_tls.mode = \"files\""));
                     }
                 }
-            }
-            other => {
-                return Err(invalid(
-                    "router_tls.mode",
-                    format!("must be \"off\", \"dev\" or \"files\", got {other:?}"),
-                ));
             }
         }
         let mut seen = std::collections::HashSet::new();
@@ -385,9 +487,6 @@ impl Config {
         }
         if !(1..=64).contains(&t.streams) {
             return Err(invalid("transfer.streams", "must be between 1 and 64"));
-        }
-        if kvferry_peer::Congestion::parse(&t.congestion).is_none() {
-            return Err(invalid("transfer.congestion", "must be cubic, bbr or newreno"));
         }
         if !(500..=600_000).contains(&t.idle_timeout_ms) {
             return Err(invalid("transfer.idle_timeout_ms", "must be between 500 and 600000"));
@@ -457,6 +556,35 @@ mod tests {
             assert!(e.contains(field), "{text:?}: {e}");
         }
         assert!(Config::parse("bogus = 1").unwrap_err().to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn fixed_value_settings_are_typed_and_round_trip() {
+        // Every value of every fixed-value setting is written out and read back unchanged.
+        for (tls, router, cc) in [
+            (TlsMode::Dev, RouterTlsMode::Off, Congestion::Cubic),
+            (TlsMode::Files, RouterTlsMode::Dev, Congestion::Bbr),
+            (TlsMode::Dev, RouterTlsMode::Files, Congestion::NewReno),
+        ] {
+            let mut c = Config::default();
+            (c.tls.mode, c.router_tls.mode, c.transfer.congestion) = (tls, router, cc);
+            let text = toml::to_string(&c).unwrap();
+            let back: Config = toml::from_str(&text).unwrap();
+            assert_eq!(back, c, "{text}");
+        }
+        // The congestion spellings the peer crate accepts are still accepted.
+        let c = Config::parse("[transfer]\ncongestion = \"New-Reno\"").unwrap();
+        assert_eq!(c.transfer.congestion, Congestion::NewReno);
+        // An unknown value is a parse error naming the field and the values it takes.
+        for (text, want) in [
+            ("[tls]\nmode = \"Dev\"", "tls.mode: must be one of \"dev\", \"files\", got \"Dev\""),
+            ("[router_tls]\nmode = \"on\"", "router_tls.mode: must be one of \"off\", \"dev\", \"files\""),
+            ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion: must be"),
+        ] {
+            let e = Config::parse(text).unwrap_err();
+            assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {e:?}");
+            assert!(e.to_string().contains(want), "{text:?}: {e}");
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvferry_peer::{Congestion, DevPki, LinkTuning, PeerConfig, PeerNode, TrustPolicy};
+use kvferry_peer::{DevPki, LinkTuning, PeerConfig, PeerNode, TrustPolicy};
 use kvferry_proto::v1::engine_server::EngineServer;
 use kvferry_proto::v1::migration_server::MigrationServer;
 use tokio::sync::Semaphore;
@@ -100,12 +100,14 @@ impl http::Routes for HttpRoutes {
 }
 
 fn tls_material(cfg: &Config) -> anyhow::Result<(kvferry_peer::TlsIdentity, Arc<rustls::RootCertStore>)> {
-    match cfg.tls.mode.as_str() {
-        "dev" => {
+    match cfg.tls.mode {
+        config::TlsMode::Dev => {
             let pki = DevPki::load_or_create(&cfg.tls.dev_dir, &cfg.trust_domain)?;
             Ok((pki.issue(&cfg.region)?, pki.roots()))
         }
-        _ => Ok(kvferry_peer::tls::load_identity_files(&cfg.tls.ca, &cfg.tls.cert, &cfg.tls.key)?),
+        config::TlsMode::Files => {
+            Ok(kvferry_peer::tls::load_identity_files(&cfg.tls.ca, &cfg.tls.cert, &cfg.tls.key)?)
+        }
     }
 }
 
@@ -156,7 +158,7 @@ impl Daemon {
             bandwidth_bps: if bw > 0.0 { bw } else { 10e9 },
             rtt: Duration::from_secs_f64(if rtt > 0.0 { rtt } else { 0.05 }),
             streams: config.transfer.streams,
-            congestion: Congestion::parse(&config.transfer.congestion).unwrap_or(Congestion::Cubic),
+            congestion: config.transfer.congestion,
             idle_timeout: Duration::from_millis(config.transfer.idle_timeout_ms),
             ..LinkTuning::default()
         };

@@ -25,7 +25,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-use crate::config::Config;
+use crate::config::{Config, RouterTlsMode};
 
 /// Longest a router's TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -36,9 +36,9 @@ pub const DEV_CLIENT_KEY: &str = "router-client.key";
 
 /// The rustls server configuration for the router API, or `None` with `router_tls.mode = "off"`.
 pub fn server_config(cfg: &Config) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
-    let (chain, key, client_roots) = match cfg.router_tls.mode.as_str() {
-        "off" => return Ok(None),
-        "dev" => {
+    let (chain, key, client_roots) = match cfg.router_tls.mode {
+        RouterTlsMode::Off => return Ok(None),
+        RouterTlsMode::Dev => {
             let ca = DevCa::load(&cfg.tls.dev_dir, &cfg.trust_domain)?;
             ensure_dev_router_client(&cfg.tls.dev_dir, &cfg.trust_domain)?;
             let (chain, key) = ca.issue_server(cfg.listen.grpc)?;
@@ -46,7 +46,7 @@ pub fn server_config(cfg: &Config) -> anyhow::Result<Option<Arc<rustls::ServerCo
                 "DEV MODE: router TLS with the throwaway dev CA; router client identity in {DEV_CLIENT_CERT} / {DEV_CLIENT_KEY}");
             (chain, key, vec![ca.cert])
         }
-        _ => {
+        RouterTlsMode::Files => {
             let r = &cfg.router_tls;
             let chain = read_certs(&r.cert)?;
             if chain.is_empty() {

@@ -35,6 +35,15 @@ impl Congestion {
             _ => None,
         }
     }
+
+    /// The canonical spelling [`Congestion::parse`] reads back.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cubic => "cubic",
+            Self::Bbr => "bbr",
+            Self::NewReno => "newreno",
+        }
+    }
 }
 
 /// Transport parameters for one peer link.
