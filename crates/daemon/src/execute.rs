@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use kvferry_model::MigrationAction;
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
     DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
@@ -39,23 +40,26 @@ pub async fn execute(
 ) -> Result<Receipt, DaemonError> {
     let t0 = Instant::now();
     let bs = p.block_size as usize;
-    let mut receipt =
-        Receipt { action: plan.action.to_owned(), predicted_s: plan.predicted_s, ..Default::default() };
+    let mut receipt = Receipt {
+        action: plan.action.as_str().to_owned(),
+        predicted_s: plan.predicted_s,
+        ..Default::default()
+    };
     match plan.action {
-        "already_local" => {
+        MigrationAction::AlreadyLocal => {
             receipt.tokens_ready = (p.local_blocks * bs) as u64;
             receipt.path = format!("{}: already in this region", shared.config.region);
         }
-        "recompute" => {
+        MigrationAction::Recompute => {
             let n = recompute(p, plan.recompute_tokens).await?;
             receipt.tokens_ready = n;
             receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
         }
-        "fetch" => match fetch(shared, p, plan.fetch_from, plan.fetch_end, events).await {
+        MigrationAction::Fetch => match fetch(shared, p, plan.fetch_from, plan.fetch_end, events).await {
             Ok(r) => fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs),
             Err(e) => fallback(shared, p, &mut receipt, e).await?,
         },
-        "split" => {
+        MigrationAction::Split => {
             let k = plan.recompute_tokens;
             let (rec, fet) =
                 tokio::join!(recompute(p, k), fetch(shared, p, plan.fetch_from, plan.fetch_end, events));
@@ -71,7 +75,6 @@ pub async fn execute(
                 (Ok(_), Err(e)) => fallback(shared, p, &mut receipt, e).await?,
             }
         }
-        other => return Err(DaemonError::Internal(format!("unknown action {other}"))),
     }
     receipt.wall_s = t0.elapsed().as_secs_f64();
     receipt.measured_s = receipt.wall_s;
@@ -115,7 +118,7 @@ async fn fallback(
     }
     tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
     let n = recompute(p, total).await?;
-    receipt.action = "recompute".into();
+    receipt.action = MigrationAction::Recompute.as_str().into();
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
     receipt.tokens_ready = n;
     receipt.bytes_moved = 0;

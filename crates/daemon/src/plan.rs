@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use kvferry_layout::BlockHash;
 use kvferry_model::{
-    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, Mode, Policy, QueueState,
-    Queues, Scenario,
+    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, MigrationAction, Mode, Policy,
+    QueueState, Queues, Scenario,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
 use kvferry_wire::WireError;
@@ -53,7 +53,7 @@ impl std::fmt::Debug for Prepared {
 /// The executable plan.
 #[derive(Debug, Clone)]
 pub struct Planned {
-    pub action: &'static str,
+    pub action: MigrationAction,
     pub reason: String,
     pub model: Option<ModelDecision>,
     /// Blocks `[local, fetch_end)` to fetch, tokens `[0, recompute_tokens)` to recompute.
@@ -279,7 +279,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let held = p.source.as_ref().map_or(0, |(_, n)| *n as usize);
     if local == p.hashes.len() || (local > 0 && held <= local) {
         return Ok(Planned {
-            action: "already_local",
+            action: MigrationAction::AlreadyLocal,
             reason: format!("{local} of {} blocks are already ready in this region", p.hashes.len()),
             model: None,
             fetch_from: local,
@@ -295,7 +295,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             )));
         }
         Ok(Planned {
-            action: "recompute",
+            action: MigrationAction::Recompute,
             reason,
             model: None,
             fetch_from: 0,
@@ -348,7 +348,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let remaining = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     let mut planned = match d.action {
         kvferry_model::Action::Fetch => Planned {
-            action: "fetch",
+            action: MigrationAction::Fetch,
             reason: d.reason.to_string(),
             model: Some(d),
             fetch_from: local,
@@ -357,7 +357,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             predicted_s: d.fetch.seconds,
         },
         kvferry_model::Action::Recompute => Planned {
-            action: "recompute",
+            action: MigrationAction::Recompute,
             reason: d.reason.to_string(),
             model: Some(d),
             fetch_from: 0,
@@ -368,7 +368,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         kvferry_model::Action::Split => {
             let k = d.split.point.recompute_tokens as usize;
             Planned {
-                action: "split",
+                action: MigrationAction::Split,
                 reason: d.reason.to_string(),
                 model: Some(d),
                 fetch_from: k / bs,
@@ -378,12 +378,12 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             }
         }
     };
-    if planned.action != "recompute" && planned.predicted_s > remaining && can_recompute {
+    if planned.action != MigrationAction::Recompute && planned.predicted_s > remaining && can_recompute {
         planned.reason = format!(
             "{}; but the predicted {:.3} s exceeds the {:.3} s left before the deadline, so recompute",
             planned.reason, planned.predicted_s, remaining
         );
-        planned.action = "recompute";
+        planned.action = MigrationAction::Recompute;
         planned.fetch_end = 0;
         planned.fetch_from = 0;
         planned.recompute_tokens = total_tokens;
@@ -414,12 +414,16 @@ pub fn fetch_utilization(load: Option<&kvferry_wire::frame::LoadReport>) -> f64 
 pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let fig = p.figures;
     let mut out = Decision {
-        action: planned.action.to_owned(),
+        action: planned.action.as_str().to_owned(),
         reason: planned.reason.clone(),
         source_region: p.source.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
         source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
         local_tokens: (p.local_blocks * p.block_size as usize) as u64,
-        split_recompute_tokens: if planned.action == "split" { planned.recompute_tokens as u64 } else { 0 },
+        split_recompute_tokens: if planned.action == MigrationAction::Split {
+            planned.recompute_tokens as u64
+        } else {
+            0
+        },
         link: fig.map(|f| {
             let mut l = link_state(p.source.as_ref().map(|(r, _)| r.as_str()).unwrap_or(""), &f, true);
             l.fetch_utilization = fetch_utilization(p.source_load.as_ref());

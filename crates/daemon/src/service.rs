@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvferry_model::MigrationAction;
 use kvferry_proto::v1::migration_server::Migration;
 use kvferry_proto::v1::{
     Decision, GetLinksRequest, GetLinksResponse, MigrateSessionRequest, MigrationEvent, migration_event,
@@ -44,13 +45,13 @@ fn timeout_of<T>(req: &Request<T>) -> Option<std::time::Duration> {
     req.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(grpc_timeout)
 }
 
-fn count(shared: &crate::Shared, action: &str) {
+fn count(shared: &crate::Shared, action: MigrationAction) {
     let m = &shared.metrics;
     match action {
-        "fetch" => m.decisions_fetch.inc(),
-        "recompute" => m.decisions_recompute.inc(),
-        "split" => m.decisions_split.inc(),
-        _ => m.decisions_local.inc(),
+        MigrationAction::Fetch => m.decisions_fetch.inc(),
+        MigrationAction::Recompute => m.decisions_recompute.inc(),
+        MigrationAction::Split => m.decisions_split.inc(),
+        MigrationAction::AlreadyLocal => m.decisions_local.inc(),
     }
 }
 
@@ -74,7 +75,7 @@ impl Migration for MigrationService {
         let prepared = prepare(&self.shared, &r, timeout).await?;
         let planned = decide(&prepared)?;
         count(&self.shared, planned.action);
-        let span = tracing::info_span!("migration", session = %r.session_id, tenant = %r.tenant, action = planned.action,
+        let span = tracing::info_span!("migration", session = %r.session_id, tenant = %r.tenant, action = planned.action.as_str(),
             source = prepared.source.as_ref().map(|s| s.0.as_str()).unwrap_or(""), target = %self.shared.config.region);
         let (tx, rx) = mpsc::channel(16);
         let decision = to_proto(&prepared, &planned);

@@ -16,6 +16,7 @@
 //! - [`crossover`]: crossover prefix length and crossover utilization.
 //! - [`split`]: the Cake-style split search.
 //! - [`decision`]: [`decide`], the single entry point.
+//! - [`migration`]: what a migration executes ([`MigrationAction`]).
 //! - [`presets`]: model shapes and accelerator peaks with sources.
 
 pub mod compute;
@@ -24,6 +25,7 @@ pub mod decision;
 pub mod error;
 pub mod kv;
 pub mod link;
+pub mod migration;
 pub mod presets;
 pub mod queue;
 pub mod split;
@@ -36,5 +38,6 @@ pub use decision::{
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
+pub use migration::MigrationAction;
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
 pub use split::{SplitInputs, SplitPoint};
