@@ -10,7 +10,7 @@ use kvferry_bench_report::{
     stats, target_notes,
 };
 use kvferry_model::LinkModel;
-use kvferry_proto::v1::PolicyMode;
+use kvferry_proto::v1::{Action, PolicyMode};
 use kvferry_wanem::{Emulator, PathProfile, Side};
 
 use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
@@ -372,7 +372,7 @@ async fn transfer(
         session::migrate(&mut mig, &format!("bench-fetch-{seed}"), &tokens, PolicyMode::Fetch, false).await?;
     let (cpu_a1, cpu_b1) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
     let r = &m.receipt;
-    if r.action != "fetch" || !r.fallback.is_empty() {
+    if r.kind() != Action::Fetch || !r.fallback.is_empty() {
         bail!("a {} MiB fetch ended as {} (fallback: {})", bytes / MIB, r.action, r.fallback);
     }
     let landed = session::digest(&mut eng_b, &tokens).await?;
@@ -486,8 +486,10 @@ async fn decisions(
             false,
         )
         .await?;
-        for (what, m) in [("fetch", &fetched), ("recompute", &recomputed)] {
-            if m.receipt.action != what
+        for (kind, what, m) in
+            [(Action::Fetch, "fetch", &fetched), (Action::Recompute, "recompute", &recomputed)]
+        {
+            if m.receipt.kind() != kind
                 || !m.receipt.fallback.is_empty()
                 || m.receipt.tokens_ready < n - BLOCK_TOKENS
             {
@@ -499,7 +501,7 @@ async fn decisions(
                 );
             }
         }
-        let chosen = if d.action == "fetch" || d.action == "recompute" {
+        let chosen = if matches!(d.kind(), Action::Fetch | Action::Recompute) {
             d.action.clone()
         } else {
             format!("{} (unexpected)", d.action)

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{
-    Decision, GenerateRequest, GenerateResponse, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode,
-    Receipt, migration_event,
+    Action, Decision, GenerateRequest, GenerateResponse, GetLinksRequest, MigrateSessionRequest, Policy,
+    PolicyMode, Receipt, migration_event,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -256,6 +256,7 @@ async fn two_regions_end_to_end() {
     wait_for_fetch_plan(&mut router_b, &request("s-fetch", &convo, PolicyMode::Fetch)).await;
     let (d, r) = migrate(&mut router_b, request("s-fetch", &convo, PolicyMode::Fetch)).await;
     assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert_eq!((d.kind(), r.kind()), (Action::Fetch, Action::Fetch), "the typed action agrees");
     assert_eq!(d.source_tokens, 592, "A holds every full block but the one with the last token");
     assert!(r.bytes_moved > 0 && r.goodput_gbps > 0.0 && r.fallback.is_empty(), "{r:?}");
     assert_eq!(r.tokens_ready, 592);

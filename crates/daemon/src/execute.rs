@@ -24,7 +24,7 @@ use crate::Shared;
 use crate::blockbuf::BlockShape;
 use crate::catalog::{LandingSink, landed_blocks};
 use crate::error::DaemonError;
-use crate::plan::{Planned, Prepared};
+use crate::plan::{Planned, Prepared, set_receipt_action};
 
 type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
 
@@ -40,11 +40,8 @@ pub async fn execute(
 ) -> Result<Receipt, DaemonError> {
     let t0 = Instant::now();
     let bs = p.block_size as usize;
-    let mut receipt = Receipt {
-        action: plan.action.as_str().to_owned(),
-        predicted_s: plan.predicted_s,
-        ..Default::default()
-    };
+    let mut receipt = Receipt { predicted_s: plan.predicted_s, ..Default::default() };
+    set_receipt_action(&mut receipt, plan.action);
     match plan.action {
         MigrationAction::AlreadyLocal => {
             receipt.tokens_ready = (p.local_blocks * bs) as u64;
@@ -118,7 +115,7 @@ async fn fallback(
     }
     tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
     let n = recompute(p, total).await?;
-    receipt.action = MigrationAction::Recompute.as_str().into();
+    set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
     receipt.tokens_ready = n;
     receipt.bytes_moved = 0;

@@ -410,11 +410,40 @@ pub fn fetch_utilization(load: Option<&kvferry_wire::frame::LoadReport>) -> f64 
     }
 }
 
+/// The wire form of an action (the typed `kind` beside each string `action`).
+pub fn action_to_proto(a: MigrationAction) -> kvferry_proto::v1::Action {
+    use kvferry_proto::v1::Action as P;
+    match a {
+        MigrationAction::AlreadyLocal => P::AlreadyLocal,
+        MigrationAction::Fetch => P::Fetch,
+        MigrationAction::Recompute => P::Recompute,
+        MigrationAction::Split => P::Split,
+    }
+}
+
+/// Sets a receipt's action, as text and typed.
+pub fn set_receipt_action(r: &mut kvferry_proto::v1::Receipt, a: MigrationAction) {
+    r.action = a.as_str().to_owned();
+    r.kind = action_to_proto(a).into();
+}
+
+fn candidate(a: MigrationAction, c: kvferry_model::Candidate) -> Candidate {
+    Candidate {
+        action: a.as_str().into(),
+        seconds: c.seconds,
+        gpu_seconds: c.gpu_seconds,
+        wire_bytes: c.wire_bytes,
+        feasible: c.feasible,
+        kind: action_to_proto(a).into(),
+    }
+}
+
 /// The wire form of a decision.
 pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let fig = p.figures;
     let mut out = Decision {
         action: planned.action.as_str().to_owned(),
+        kind: action_to_proto(planned.action).into(),
         reason: planned.reason.clone(),
         source_region: p.source.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
         source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
@@ -435,28 +464,17 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         out.crossover_tokens = d.crossover_tokens;
         out.recompute_s_per_token = d.recompute_seconds_per_token;
         out.bytes_per_token = d.bytes_per_token;
+        let split = kvferry_model::Candidate {
+            seconds: d.split.point.seconds,
+            gpu_seconds: d.split.gpu_seconds,
+            wire_bytes: d.split.wire_bytes,
+            feasible: d.split.point.is_real_split(),
+        };
+        let recompute = kvferry_model::Candidate { wire_bytes: 0.0, feasible: true, ..d.recompute };
         out.candidates = vec![
-            Candidate {
-                action: "fetch".into(),
-                seconds: d.fetch.seconds,
-                gpu_seconds: d.fetch.gpu_seconds,
-                wire_bytes: d.fetch.wire_bytes,
-                feasible: d.fetch.feasible,
-            },
-            Candidate {
-                action: "recompute".into(),
-                seconds: d.recompute.seconds,
-                gpu_seconds: d.recompute.gpu_seconds,
-                wire_bytes: 0.0,
-                feasible: true,
-            },
-            Candidate {
-                action: "split".into(),
-                seconds: d.split.point.seconds,
-                gpu_seconds: d.split.gpu_seconds,
-                wire_bytes: d.split.wire_bytes,
-                feasible: d.split.point.is_real_split(),
-            },
+            candidate(MigrationAction::Fetch, d.fetch),
+            candidate(MigrationAction::Recompute, recompute),
+            candidate(MigrationAction::Split, split),
         ];
     }
     out
@@ -479,8 +497,20 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
 
 #[cfg(test)]
 mod tests {
-    use super::compute_utilization;
+    use super::{action_to_proto, compute_utilization, set_receipt_action};
     use crate::registry::EngineLoad;
+    use kvferry_model::MigrationAction;
+
+    #[test]
+    fn the_typed_action_names_the_same_action_as_the_string() {
+        for a in MigrationAction::ALL {
+            let p = action_to_proto(a);
+            assert_eq!(p.as_str_name(), format!("ACTION_{}", a.as_str().to_uppercase()));
+            let mut r = kvferry_proto::v1::Receipt::default();
+            set_receipt_action(&mut r, a);
+            assert_eq!((r.action.as_str(), r.kind()), (a.as_str(), p));
+        }
+    }
 
     #[test]
     fn an_idle_engine_has_no_queue_and_a_busy_one_is_capped() {

@@ -12,9 +12,22 @@ class PolicyMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POLICY_MODE_AUTO: _ClassVar[PolicyMode]
     POLICY_MODE_FETCH: _ClassVar[PolicyMode]
     POLICY_MODE_RECOMPUTE: _ClassVar[PolicyMode]
+
+class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_UNSPECIFIED: _ClassVar[Action]
+    ACTION_FETCH: _ClassVar[Action]
+    ACTION_RECOMPUTE: _ClassVar[Action]
+    ACTION_SPLIT: _ClassVar[Action]
+    ACTION_ALREADY_LOCAL: _ClassVar[Action]
 POLICY_MODE_AUTO: PolicyMode
 POLICY_MODE_FETCH: PolicyMode
 POLICY_MODE_RECOMPUTE: PolicyMode
+ACTION_UNSPECIFIED: Action
+ACTION_FETCH: Action
+ACTION_RECOMPUTE: Action
+ACTION_SPLIT: Action
+ACTION_ALREADY_LOCAL: Action
 
 class Policy(_message.Message):
     __slots__ = ("mode", "allow_split", "max_egress_bytes")
@@ -53,21 +66,23 @@ class MigrateSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., source_region: _Optional[str] = ..., target_engine: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible")
+    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FEASIBLE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     action: str
     seconds: float
     gpu_seconds: float
     wire_bytes: float
     feasible: bool
-    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ...) -> None: ...
+    kind: Action
+    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token")
+    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +94,7 @@ class Decision(_message.Message):
     LINK_FIELD_NUMBER: _ClassVar[int]
     RECOMPUTE_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     action: str
     reason: str
     source_region: str
@@ -90,7 +106,8 @@ class Decision(_message.Message):
     link: LinkState
     recompute_s_per_token: float
     bytes_per_token: float
-    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ...) -> None: ...
+    kind: Action
+    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("bytes_done", "bytes_total", "elapsed_s")
@@ -103,7 +120,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +132,7 @@ class Receipt(_message.Message):
     RECONNECTS_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_S_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -126,7 +144,8 @@ class Receipt(_message.Message):
     reconnects: int
     fallback: str
     first_layer_s: float
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ...) -> None: ...
+    kind: Action
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
