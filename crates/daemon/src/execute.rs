@@ -13,6 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use kvferry_model::MigrationAction;
+use kvferry_model::migration::fallback_reserve_s;
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
     DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
@@ -263,21 +264,20 @@ async fn fetch(
 }
 
 /// The deadline a fetch gets: the request's, less the time a fallback recompute of the whole
-/// prefix would need (1.5 × the engine's measured profile estimate, plus 250 ms for the
-/// command's round trip), when the request allows a fallback and it fits; else the request's.
+/// prefix would need ([`fallback_reserve_s`]: 1.5 × the model's estimate from the engine's
+/// measured profile, plus 250 ms for the command's round trip), when the request allows a
+/// fallback and it fits; else the request's.
 pub fn fetch_deadline(p: &Prepared) -> Instant {
     let total = p.hashes.len() * p.block_size as usize;
     if p.tokens.len() < total {
         return p.deadline;
     }
     let Ok(prof) = p.engine.profile.lock().map(|g| *g) else { return p.deadline };
-    let n = total as f64;
-    let estimate = prof.linear_s_per_token * n + prof.attention_s_per_pair * n * (n + 1.0) / 2.0;
-    if !(estimate.is_finite() && estimate >= 0.0) {
+    let Some(reserve) = fallback_reserve_s(prof.linear_s_per_token, prof.attention_s_per_pair, total as u64)
+    else {
         return p.deadline;
-    }
-    let reserve = Duration::from_secs_f64((1.5 * estimate).min(86_400.0)) + Duration::from_millis(250);
-    match p.deadline.checked_sub(reserve) {
+    };
+    match p.deadline.checked_sub(Duration::from_secs_f64(reserve)) {
         Some(d) if d > Instant::now() => d,
         _ => p.deadline,
     }

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use kvferry_layout::BlockHash;
+use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
-    ComputeModel, Decision as ModelDecision, KvFootprint, KvShape, LinkModel, MigrationAction, Mode, Policy,
-    QueueState, Queues, Scenario,
+    Decision as ModelDecision, KvFootprint, KvShape, MigrationAction, Mode, PlanError, PlanReason, Policy,
+    plan_migration,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
 use kvferry_wire::WireError;
@@ -270,144 +271,60 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
     .map_err(|x| DaemonError::Internal(x.to_string()))
 }
 
-/// Decides.
-pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
-    let bs = p.block_size as usize;
-    let total_tokens = p.hashes.len() * bs;
-    let can_recompute = p.tokens.len() >= total_tokens;
-    let local = p.local_blocks;
-    let held = p.source.as_ref().map_or(0, |(_, n)| *n as usize);
-    if local == p.hashes.len() || (local > 0 && held <= local) {
-        return Ok(Planned {
-            action: MigrationAction::AlreadyLocal,
-            reason: format!("{local} of {} blocks are already ready in this region", p.hashes.len()),
-            model: None,
-            fetch_from: local,
-            fetch_end: local,
-            recompute_tokens: 0,
-            predicted_s: 0.0,
-        });
-    }
-    let recompute_all = |reason: String| -> Result<Planned, DaemonError> {
-        if !can_recompute {
-            return Err(DaemonError::Precondition(format!(
-                "{reason}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed"
-            )));
-        }
-        Ok(Planned {
-            action: MigrationAction::Recompute,
-            reason,
-            model: None,
-            fetch_from: 0,
-            fetch_end: 0,
-            recompute_tokens: total_tokens,
-            predicted_s: 0.0,
-        })
-    };
-    if held <= local {
-        let why = match &p.source_note {
-            Some(n) => format!("no peer holds this prefix ({n})"),
-            None => "no peer holds this prefix".to_owned(),
-        };
-        return recompute_all(why);
-    }
-    let fig = p.figures.ok_or_else(|| DaemonError::Internal("source without link figures".into()))?;
+/// The plain inputs of the cost comparison: the engine's layout and profile, the link
+/// figures, both paths' loads. `None` when nothing was measured about a source.
+fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
+    let Some(fig) = p.figures else { return Ok(None) };
     let prof = *p.engine.profile.lock().map_err(|_| DaemonError::Internal("profile lock".into()))?;
-    let compute = ComputeModel::from_measured(prof.linear_s_per_token, prof.attention_s_per_pair)
-        .map_err(|e| DaemonError::Internal(format!("engine profile: {e}")))?;
-    let link = LinkModel::new(fig.goodput_bps / 1e9, fig.rtt_s, 1.0)
-        .map_err(|e| DaemonError::Internal(e.to_string()))?;
-    let fetch_tokens = (held - local) * bs;
-    let kv = footprint(&p.engine)?;
-    // Live load on both paths (M/M/1): the source's serving staging occupancy prices the fetch
-    // path, the target engine's reported utilization (when it has work queued) the compute path;
-    // each path's service rate
-    // is one migration of this size per its idle cost.
-    let fetch_rho = fetch_utilization(p.source_load.as_ref());
-    // An engine with nothing queued at its last report (it also reports the moment its queue
-    // drains) starts a recompute at once: its recent busy fraction is history, not a queue.
-    let compute_rho = p.engine.load.lock().map(|l| compute_utilization(&l)).unwrap_or(0.0);
-    let queues = (fetch_rho > 0.0 || compute_rho > 0.0).then(|| {
-        let fetch_idle = link.fetch_seconds(fetch_tokens as u64, kv.bytes_per_token()).max(1e-6);
-        let compute_idle = compute.recompute_seconds(fetch_tokens as u64).max(1e-6);
-        Queues {
-            fetch: QueueState { utilization: fetch_rho, service_rate: 1.0 / fetch_idle },
-            compute: QueueState { utilization: compute_rho, service_rate: 1.0 / compute_idle },
-        }
-    });
-    let scenario = Scenario { kv, compute, link, prefix_tokens: fetch_tokens as u64, queues };
-    let mut policy = p.policy;
-    if local > 0 || !can_recompute {
-        // A split recomputes from token 0; with a local prefix (or no tokens) it is not offered.
-        policy.allow_split = false;
-    }
-    if !can_recompute {
-        policy.mode = Mode::Fetch;
-    }
-    let d = kvferry_model::decide(&scenario, &policy).map_err(|e| DaemonError::Internal(e.to_string()))?;
-    let remaining = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
-    let mut planned = match d.action {
-        kvferry_model::Action::Fetch => Planned {
-            action: MigrationAction::Fetch,
-            reason: d.reason.to_string(),
-            model: Some(d),
-            fetch_from: local,
-            fetch_end: held,
-            recompute_tokens: 0,
-            predicted_s: d.fetch.seconds,
-        },
-        kvferry_model::Action::Recompute => Planned {
-            action: MigrationAction::Recompute,
-            reason: d.reason.to_string(),
-            model: Some(d),
-            fetch_from: 0,
-            fetch_end: 0,
-            recompute_tokens: total_tokens,
-            predicted_s: d.recompute.seconds,
-        },
-        kvferry_model::Action::Split => {
-            let k = d.split.point.recompute_tokens as usize;
-            Planned {
-                action: MigrationAction::Split,
-                reason: d.reason.to_string(),
-                model: Some(d),
-                fetch_from: k / bs,
-                fetch_end: held,
-                recompute_tokens: k,
-                predicted_s: d.split.point.seconds,
-            }
-        }
+    let compute_utilization =
+        p.engine.load.lock().map(|l| compute_utilization(l.queue_depth, l.utilization)).unwrap_or(0.0);
+    Ok(Some(Measured {
+        kv: footprint(&p.engine)?,
+        linear_s_per_token: prof.linear_s_per_token,
+        attention_s_per_pair: prof.attention_s_per_pair,
+        goodput_bps: fig.goodput_bps,
+        rtt_s: fig.rtt_s,
+        fetch_utilization: source_utilization(p),
+        compute_utilization,
+    }))
+}
+
+/// The source's fetch-path utilization from its answer to the query (0 without one).
+fn source_utilization(p: &Prepared) -> f64 {
+    p.source_load.as_ref().map_or(0.0, |l| fetch_utilization(l.staging_used, l.staging_bound))
+}
+
+/// Decides: gathers the plain inputs and applies [`kvferry_model::plan_migration`].
+pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
+    let holdings = Holdings {
+        blocks: p.hashes.len() as u64,
+        block_tokens: u64::from(p.block_size),
+        local_blocks: p.local_blocks as u64,
+        source_blocks: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n)),
+        has_tokens: p.tokens.len() >= p.hashes.len() * p.block_size as usize,
     };
-    if planned.action != MigrationAction::Recompute && planned.predicted_s > remaining && can_recompute {
-        planned.reason = format!(
-            "{}; but the predicted {:.3} s exceeds the {:.3} s left before the deadline, so recompute",
-            planned.reason, planned.predicted_s, remaining
-        );
-        planned.action = MigrationAction::Recompute;
-        planned.fetch_end = 0;
-        planned.fetch_from = 0;
-        planned.recompute_tokens = total_tokens;
-        planned.predicted_s = d.recompute.seconds;
-    }
-    Ok(planned)
-}
-
-/// Compute-path utilization from the engine's last load report: 0 when nothing was queued
-/// (the engine starts a new job at once), else its busy fraction, capped at 0.95.
-pub fn compute_utilization(load: &crate::registry::EngineLoad) -> f64 {
-    if load.queue_depth == 0 || !load.utilization.is_finite() {
-        return 0.0;
-    }
-    load.utilization.clamp(0.0, 0.95)
-}
-
-/// Fetch-path utilization from a source's load report: its serving staging occupancy, capped
-/// below 1 (an M/M/1 queue at 1 never drains).
-pub fn fetch_utilization(load: Option<&kvferry_wire::frame::LoadReport>) -> f64 {
-    match load {
-        Some(l) if l.staging_bound > 0 => (l.staging_used as f64 / l.staging_bound as f64).clamp(0.0, 0.95),
-        _ => 0.0,
-    }
+    let remaining_s = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
+    let reason = |r: &PlanReason| match (r, &p.source_note) {
+        (PlanReason::NoSourceHolds, Some(n)) => format!("{r} ({n})"),
+        _ => r.to_string(),
+    };
+    let plan =
+        plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s).map_err(|e| match e {
+            PlanError::CannotRecompute { reason: r } => DaemonError::Precondition(format!(
+                "{}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed",
+                reason(&r)
+            )),
+            other => DaemonError::Internal(other.to_string()),
+        })?;
+    Ok(Planned {
+        action: plan.action,
+        reason: reason(&plan.reason),
+        model: plan.model,
+        fetch_from: plan.fetch_from as usize,
+        fetch_end: plan.fetch_end as usize,
+        recompute_tokens: plan.recompute_tokens as usize,
+        predicted_s: plan.predicted_s,
+    })
 }
 
 /// The wire form of an action (the typed `kind` beside each string `action`).
@@ -455,7 +372,7 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         },
         link: fig.map(|f| {
             let mut l = link_state(p.source.as_ref().map(|(r, _)| r.as_str()).unwrap_or(""), &f, true);
-            l.fetch_utilization = fetch_utilization(p.source_load.as_ref());
+            l.fetch_utilization = source_utilization(p);
             l
         }),
         ..Default::default()
@@ -497,8 +414,7 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
 
 #[cfg(test)]
 mod tests {
-    use super::{action_to_proto, compute_utilization, set_receipt_action};
-    use crate::registry::EngineLoad;
+    use super::{action_to_proto, set_receipt_action};
     use kvferry_model::MigrationAction;
 
     #[test]
@@ -510,15 +426,5 @@ mod tests {
             set_receipt_action(&mut r, a);
             assert_eq!((r.action.as_str(), r.kind()), (a.as_str(), p));
         }
-    }
-
-    #[test]
-    fn an_idle_engine_has_no_queue_and_a_busy_one_is_capped() {
-        // Busy a moment ago but nothing queued now: a new recompute starts at once.
-        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 0, utilization: 0.9 }), 0.0);
-        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 2, utilization: 0.6 }), 0.6);
-        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 9, utilization: 1.0 }), 0.95);
-        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 1, utilization: f64::NAN }), 0.0);
-        assert_eq!(compute_utilization(&EngineLoad { queue_depth: 1, utilization: -1.0 }), 0.0);
     }
 }

@@ -16,7 +16,8 @@
 //! - [`crossover`]: crossover prefix length and crossover utilization.
 //! - [`split`]: the Cake-style split search.
 //! - [`decision`]: [`decide`], the single entry point.
-//! - [`migration`]: what a migration executes ([`MigrationAction`]).
+//! - [`migration`]: the rules around [`decide`] that make a migration's plan
+//!   ([`plan_migration`]: already local, nothing to fetch, deadline; [`MigrationAction`]).
 //! - [`presets`]: model shapes and accelerator peaks with sources.
 
 pub mod compute;
@@ -38,6 +39,6 @@ pub use decision::{
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
-pub use migration::MigrationAction;
+pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_migration};
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
 pub use split::{SplitInputs, SplitPoint};

@@ -1,12 +1,21 @@
-//! What a migration does, as the daemon carries it out: the model's three actions plus
-//! *already local* (nothing to move). Pure data; the daemon matches on it exhaustively, so a new
-//! action is a compile error wherever it must be handled.
+//! The migration plan: every rule that decides what a migration does, around [`decide`].
+//! [`plan_migration`] takes plain values (block counts, the engine's measured profile, the
+//! link figures, the loads, the time left) and returns what to execute ([`MigrationPlan`]):
+//! the model's three actions plus *already local*. Pure like the rest of the crate; the daemon
+//! only gathers the inputs and carries out the answer, matching on [`MigrationAction`]
+//! exhaustively, so a new action is a compile error wherever it must be handled.
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
-use crate::decision::Action;
+use crate::compute::ComputeModel;
+use crate::decision::{Action, Decision, Mode, Policy, Queues, Reason, Scenario, decide};
+use crate::error::ModelError;
+use crate::kv::KvFootprint;
+use crate::link::LinkModel;
+use crate::queue::QueueState;
 
 /// The action a migration executes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -51,6 +60,247 @@ impl fmt::Display for MigrationAction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// Where the prefix stands before deciding, in blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Holdings {
+    /// Full blocks in the prefix.
+    pub blocks: u64,
+    /// Tokens per block.
+    pub block_tokens: u64,
+    /// Leading blocks already ready in this region.
+    pub local_blocks: u64,
+    /// Leading blocks the chosen source region holds (0: no source, or none that answered).
+    pub source_blocks: u64,
+    /// Whether the request carries the prefix's tokens; a prefix given only as block hashes
+    /// cannot be recomputed.
+    pub has_tokens: bool,
+}
+
+impl Holdings {
+    /// Tokens of the whole prefix.
+    pub fn total_tokens(&self) -> u64 {
+        self.blocks * self.block_tokens
+    }
+}
+
+/// The measured quantities the cost comparison needs, as plain numbers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// KV bytes per token of the target engine's layout.
+    pub kv: KvFootprint,
+    /// The target engine's prefill profile: `seconds(n) = linear·n + attention·n(n+1)/2`.
+    pub linear_s_per_token: f64,
+    pub attention_s_per_pair: f64,
+    /// The link to the source: goodput, bits/s, and round trip, s.
+    pub goodput_bps: f64,
+    pub rtt_s: f64,
+    /// Fetch-path load ([`fetch_utilization`]) and compute-path load ([`compute_utilization`]).
+    pub fetch_utilization: f64,
+    pub compute_utilization: f64,
+}
+
+/// Why a plan is what it is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlanReason {
+    /// Every block, or at least as many as any source holds, is ready here.
+    AlreadyLocal { local_blocks: u64, blocks: u64 },
+    /// No source holds more than this region has.
+    NoSourceHolds,
+    /// The cost model's answer.
+    Model(Reason),
+    /// The model picked a fetch or a split predicted to end after the deadline.
+    DeadlineForcesRecompute { model: Reason, predicted_s: f64, remaining_s: f64 },
+}
+
+impl fmt::Display for PlanReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::AlreadyLocal { local_blocks, blocks } => {
+                write!(f, "{local_blocks} of {blocks} blocks are already ready in this region")
+            }
+            Self::NoSourceHolds => f.write_str("no peer holds this prefix"),
+            Self::Model(r) => r.fmt(f),
+            Self::DeadlineForcesRecompute { model, predicted_s, remaining_s } => write!(
+                f,
+                "{model}; but the predicted {predicted_s:.3} s exceeds the {remaining_s:.3} s left before the deadline, so recompute"
+            ),
+        }
+    }
+}
+
+/// A plan the daemon cannot carry out, or inputs the model refused.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum PlanError {
+    /// Recomputing is the only way, and the request carries no tokens.
+    #[error("{reason}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed")]
+    CannotRecompute { reason: PlanReason },
+    /// A source holds blocks, but nothing was measured about the link to it.
+    #[error("source without link figures")]
+    NotMeasured,
+    /// The engine's prefill profile is not a valid compute model.
+    #[error("engine profile: {0}")]
+    Profile(ModelError),
+    /// The link figures are not a valid link model.
+    #[error("link figures: {0}")]
+    Link(ModelError),
+    /// The model refused the scenario.
+    #[error("{0}")]
+    Model(ModelError),
+}
+
+/// What to execute: which blocks to fetch, which tokens to recompute, the predicted time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MigrationPlan {
+    pub action: MigrationAction,
+    pub reason: PlanReason,
+    /// The cost model's full answer, when it was asked.
+    pub model: Option<Decision>,
+    /// Blocks `[fetch_from, fetch_end)` are fetched (empty when nothing is).
+    pub fetch_from: u64,
+    pub fetch_end: u64,
+    /// Tokens `[0, recompute_tokens)` are recomputed.
+    pub recompute_tokens: u64,
+    /// Predicted seconds until the prefix is ready (0 when the model was not asked).
+    pub predicted_s: f64,
+}
+
+/// Compute-path utilization from the target engine's last load report: 0 when nothing was
+/// queued (the engine starts a new job at once: a recent busy fraction is history, not a
+/// queue), else its busy fraction, capped at 0.95.
+pub fn compute_utilization(queue_depth: u32, utilization: f64) -> f64 {
+    if queue_depth == 0 || !utilization.is_finite() {
+        return 0.0;
+    }
+    utilization.clamp(0.0, 0.95)
+}
+
+/// Fetch-path utilization from a source's load report: its serving staging occupancy, capped
+/// below 1 (an M/M/1 queue at 1 never drains); 0 without a bound.
+pub fn fetch_utilization(staging_used: u64, staging_bound: u64) -> f64 {
+    if staging_bound == 0 {
+        return 0.0;
+    }
+    (staging_used as f64 / staging_bound as f64).clamp(0.0, 0.95)
+}
+
+/// Seconds a fetch that may fall back to recomputing `tokens` must leave before the deadline:
+/// 1.5 × the engine's profile estimate (capped at a day) plus 250 ms for the command's round
+/// trip. `None` when the profile gives no usable estimate.
+pub fn fallback_reserve_s(linear_s_per_token: f64, attention_s_per_pair: f64, tokens: u64) -> Option<f64> {
+    let compute = ComputeModel::from_measured(linear_s_per_token, attention_s_per_pair).ok()?;
+    let estimate = compute.recompute_seconds(tokens);
+    (estimate.is_finite() && estimate >= 0.0).then(|| (1.5 * estimate).min(86_400.0) + 0.25)
+}
+
+/// Decides a migration from what is where, what was measured and what the caller allows, with
+/// `remaining_s` seconds left before its deadline. The rules around [`decide`]:
+///
+/// - **Already local**: every block is ready here, or some are and no source holds more.
+/// - **Nothing to fetch**: no source holds more than is here → recompute everything.
+/// - The model prices the blocks the source holds beyond the local ones, with M/M/1 waits
+///   on a path only when it is loaded (each path's service rate: one migration of this size
+///   per its idle cost). A split recomputes from token 0, so it is not offered with a local
+///   prefix or without tokens; without tokens the mode is forced to fetch.
+/// - **Deadline**: a fetch or split predicted to end after the deadline becomes a recompute
+///   when the tokens allow one.
+///
+/// A recompute without tokens is refused ([`PlanError::CannotRecompute`]).
+pub fn plan_migration(
+    h: &Holdings,
+    measured: Option<&Measured>,
+    policy: &Policy,
+    remaining_s: f64,
+) -> Result<MigrationPlan, PlanError> {
+    let bs = h.block_tokens.max(1);
+    let total_tokens = h.total_tokens();
+    let local = h.local_blocks;
+    let held = h.source_blocks;
+    if local == h.blocks || (local > 0 && held <= local) {
+        return Ok(MigrationPlan {
+            action: MigrationAction::AlreadyLocal,
+            reason: PlanReason::AlreadyLocal { local_blocks: local, blocks: h.blocks },
+            model: None,
+            fetch_from: local,
+            fetch_end: local,
+            recompute_tokens: 0,
+            predicted_s: 0.0,
+        });
+    }
+    let recompute_all = |reason: PlanReason, model: Option<Decision>, predicted_s: f64| MigrationPlan {
+        action: MigrationAction::Recompute,
+        reason,
+        model,
+        fetch_from: 0,
+        fetch_end: 0,
+        recompute_tokens: total_tokens,
+        predicted_s,
+    };
+    if held <= local {
+        if !h.has_tokens {
+            return Err(PlanError::CannotRecompute { reason: PlanReason::NoSourceHolds });
+        }
+        return Ok(recompute_all(PlanReason::NoSourceHolds, None, 0.0));
+    }
+    let m = measured.ok_or(PlanError::NotMeasured)?;
+    let compute = ComputeModel::from_measured(m.linear_s_per_token, m.attention_s_per_pair)
+        .map_err(PlanError::Profile)?;
+    let link = LinkModel::new(m.goodput_bps / 1e9, m.rtt_s, 1.0).map_err(PlanError::Link)?;
+    let fetch_tokens = (held - local) * bs;
+    let (fetch_rho, compute_rho) = (m.fetch_utilization, m.compute_utilization);
+    let queues = (fetch_rho > 0.0 || compute_rho > 0.0).then(|| {
+        let fetch_idle = link.fetch_seconds(fetch_tokens, m.kv.bytes_per_token()).max(1e-6);
+        let compute_idle = compute.recompute_seconds(fetch_tokens).max(1e-6);
+        Queues {
+            fetch: QueueState { utilization: fetch_rho, service_rate: 1.0 / fetch_idle },
+            compute: QueueState { utilization: compute_rho, service_rate: 1.0 / compute_idle },
+        }
+    });
+    let scenario = Scenario { kv: m.kv, compute, link, prefix_tokens: fetch_tokens, queues };
+    let mut policy = *policy;
+    // Split points are on the block grid: a block is fetched or recomputed whole.
+    policy.split_granularity = bs;
+    if local > 0 || !h.has_tokens {
+        policy.allow_split = false;
+    }
+    if !h.has_tokens {
+        policy.mode = Mode::Fetch;
+    }
+    let d = decide(&scenario, &policy).map_err(PlanError::Model)?;
+    let plan = match d.action {
+        Action::Fetch => MigrationPlan {
+            action: MigrationAction::Fetch,
+            reason: PlanReason::Model(d.reason),
+            model: Some(d),
+            fetch_from: local,
+            fetch_end: held,
+            recompute_tokens: 0,
+            predicted_s: d.fetch.seconds,
+        },
+        Action::Recompute => recompute_all(PlanReason::Model(d.reason), Some(d), d.recompute.seconds),
+        Action::Split => {
+            let k = d.split.point.recompute_tokens;
+            MigrationPlan {
+                action: MigrationAction::Split,
+                reason: PlanReason::Model(d.reason),
+                model: Some(d),
+                fetch_from: k / bs,
+                fetch_end: held,
+                recompute_tokens: k,
+                predicted_s: d.split.point.seconds,
+            }
+        }
+    };
+    if plan.action != MigrationAction::Recompute && plan.predicted_s > remaining_s && h.has_tokens {
+        let reason = PlanReason::DeadlineForcesRecompute {
+            model: d.reason,
+            predicted_s: plan.predicted_s,
+            remaining_s,
+        };
+        return Ok(recompute_all(reason, Some(d), d.recompute.seconds));
+    }
+    Ok(plan)
 }
 
 #[cfg(test)]
