@@ -7,8 +7,10 @@
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
 //! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
 //!
-//! [`Daemon::start`] validates nothing itself: the [`Config`] it receives is already validated,
-//! and every listener is bound before the daemon reports ready.
+//! [`Daemon::start`] validates the [`Config`] again (a caller may have built it by hand) before
+//! it binds anything, and every listener is bound before it returns; `/readyz` reports them
+//! serving, and separately whether an engine is attached and the peers are reachable
+//! ([`http`]).
 
 pub mod blockbuf;
 pub mod catalog;
@@ -72,11 +74,63 @@ impl Drop for Daemon {
     }
 }
 
-struct HttpRoutes(Arc<Shared>);
+/// How long `/readyz/peers` waits for a peer that is not connected.
+const READY_DIAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+struct HttpRoutes {
+    shared: Arc<Shared>,
+    /// The Engine API and router API server tasks, and the fd-passing socket's thread: the
+    /// daemon is serving while none of them has ended.
+    servers: Vec<tokio::task::AbortHandle>,
+    pool_socket: std::thread::JoinHandle<()>,
+}
+
+impl HttpRoutes {
+    /// Whether `region` is reachable: connected now, or (with `dial`) a handshake succeeds
+    /// within [`READY_DIAL_TIMEOUT`].
+    async fn reachable(shared: Arc<Shared>, region: String, dial: bool) -> bool {
+        let (Some(peer), Ok(id)) = (
+            shared.links.peer(&region).cloned(),
+            kvferry_peer::RegionId::new(&shared.config.trust_domain, &region),
+        ) else {
+            return false;
+        };
+        if shared.node.rtt_to(&id).is_some() {
+            return true;
+        }
+        dial && matches!(
+            tokio::time::timeout(READY_DIAL_TIMEOUT, shared.node.connect(&id, peer.addr)).await,
+            Ok(Ok(_))
+        )
+    }
+}
 
 impl http::Routes for HttpRoutes {
+    fn readiness(&self, dial_peers: bool) -> http::BoxFuture<'_, http::Readiness> {
+        Box::pin(async move {
+            let s = &self.shared;
+            let listening = !self.pool_socket.is_finished() && self.servers.iter().all(|t| !t.is_finished());
+            let engines = s.registry.all();
+            let mut dials = tokio::task::JoinSet::new();
+            for (i, region) in s.links.regions().into_iter().enumerate() {
+                let shared = s.clone();
+                dials.spawn(
+                    async move { (i, region.clone(), Self::reachable(shared, region, dial_peers).await) },
+                );
+            }
+            let mut peers: Vec<(usize, String, bool)> = dials.join_all().await;
+            peers.sort_by_key(|p| p.0);
+            http::Readiness {
+                listening,
+                engines_registered: engines.len(),
+                engines_attached: engines.iter().filter(|e| e.attached()).count(),
+                peers: peers.into_iter().map(|(_, r, up)| (r, up)).collect(),
+            }
+        })
+    }
+
     fn metrics(&self) -> String {
-        let s = &self.0;
+        let s = &self.shared;
         let links: Vec<(String, f64, f64, f64)> = s
             .links
             .regions()
@@ -93,9 +147,6 @@ impl http::Routes for HttpRoutes {
             s.node.staging_bound()
         ));
         out
-    }
-    fn ready(&self) -> bool {
-        true
     }
 }
 
@@ -200,12 +251,12 @@ impl Daemon {
             .with_context(|| format!("binding {}", engine_sock.display()))?;
         let pool_listener = std::os::unix::net::UnixListener::bind(&pool_sock)
             .with_context(|| format!("binding {}", pool_sock.display()))?;
-        {
+        let pool_socket = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("kvferry-pool-sock".into())
-                .spawn(move || engine_api::serve_pool_socket(pool_listener, shared))?;
-        }
+                .spawn(move || engine_api::serve_pool_socket(pool_listener, shared))?
+        };
         let engine_svc = EngineServer::new(engine_api::EngineService { shared: shared.clone() });
         tasks.push(
             tokio::spawn(
@@ -244,7 +295,8 @@ impl Daemon {
             .await
             .with_context(|| format!("binding {}", shared.config.listen.http))?;
         let http_addr = http.local_addr()?;
-        tasks.push(tokio::spawn(http::serve(http, Arc::new(HttpRoutes(shared.clone())))).abort_handle());
+        let routes = HttpRoutes { shared: shared.clone(), servers: tasks.clone(), pool_socket };
+        tasks.push(tokio::spawn(http::serve(http, Arc::new(routes))).abort_handle());
 
         tracing::info!(region = %shared.config.region, grpc = %grpc_addr, router_tls = %shared.config.router_tls.mode, peer = %peer_addr, http = %http_addr,
             run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");

@@ -1,0 +1,108 @@
+//! `/readyz` reports what it says: listeners serving; `/readyz/engines` an attached engine;
+//! `/readyz/peers` every configured peer reachable. Real daemons, a real shm engine
+//! registration and a real QUIC handshake between two daemons.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use kvferry_daemon::config::Peer;
+use kvferry_daemon::{Config, Daemon};
+use kvferry_engine_node::daemon::{EventSink, Registration, connect_uds, register, share_pool};
+use kvferry_engine_sdk::ShmPool;
+use kvferry_proto::v1::engine_client::EngineClient;
+use kvferry_proto::v1::{PoolLayoutSpec, PrefillProfile, ShmAccess, register_pool_request};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+fn config(dir: &std::path::Path, region: &str, peers: Vec<Peer>) -> Config {
+    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut cfg = Config { region: region.into(), run_dir: dir.join(region), peers, ..Config::default() };
+    cfg.tls.dev_dir = dir.join("dev-ca");
+    (cfg.listen.grpc, cfg.listen.http, cfg.listen.peer) = (any, any, any);
+    cfg
+}
+
+fn peer(region: &str, addr: SocketAddr) -> Peer {
+    Peer { region: region.into(), addr, gbps: 1.0, rtt_ms: 1.0, max_egress_gbps: 0.0 }
+}
+
+/// GET `path`: (status code, body).
+async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    let code = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (code, out.split_once("\r\n\r\n").unwrap().1.to_owned())
+}
+
+fn spec() -> PoolLayoutSpec {
+    PoolLayoutSpec {
+        kind: "vllm_flash_attn_nhd".into(),
+        layers: 2,
+        kv_heads: 2,
+        head_dim: 32,
+        block_size: 16,
+        num_blocks: 8,
+        dtype: "f32".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_reports_listeners_engines_and_peers_separately() {
+    let dir = tempfile::tempdir().unwrap();
+    // B's peers: region-a (started later, at an address B never dials: it only needs to be on
+    // B's allow-list) and region-c, a bound UDP port nobody answers on.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let peers =
+        vec![peer("region-a", silent.local_addr().unwrap()), peer("region-c", silent.local_addr().unwrap())];
+    let b = Daemon::start(config(dir.path(), "region-b", peers)).await.unwrap();
+
+    let (code, body) = get(b.http_addr, "/readyz").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.starts_with("ready\nlisteners: serving\nengines: 0 registered, 0 attached\n"), "{body}");
+    let (code, body) = get(b.http_addr, "/readyz/engines").await;
+    assert_eq!(code, 503, "{body}");
+    let t0 = Instant::now();
+    let (code, body) = get(b.http_addr, "/readyz/peers").await;
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("peers: 0 of 2 reachable; region-a unreachable; region-c unreachable"), "{body}");
+    assert!(t0.elapsed() < Duration::from_secs(5), "the dial is bounded: {:?}", t0.elapsed());
+
+    // An engine registers a shm pool and attaches: the engines check passes.
+    let layout = kvferry_daemon::engine_api::layout_of(&spec()).unwrap();
+    let pool = ShmPool::create(layout).unwrap();
+    let run_dir = b.shared.config.run_dir.clone();
+    let (token, _pool_stream) =
+        tokio::task::block_in_place(|| share_pool(&run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
+    let mut client = EngineClient::new(connect_uds(&b.shared.config.engine_socket()).await.unwrap());
+    let reg = Registration {
+        engine_id: "e0".into(),
+        model_id: "m".into(),
+        layout: spec(),
+        access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
+        profile: Some(PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }),
+    };
+    let lease = register(&mut client, &reg).await.unwrap().lease_id;
+    let (code, body) = get(b.http_addr, "/readyz/engines").await;
+    assert_eq!((code, body.lines().nth(2)), (503, Some("engines: 1 registered, 0 attached")), "{body}");
+    let (events, rx) = EventSink::new(lease);
+    events.load(0, 0.0, None);
+    let _commands = client.attach(UnboundedReceiverStream::new(rx)).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (code, body) = get(b.http_addr, "/readyz/engines").await;
+        if code == 200 {
+            assert!(body.contains("engines: 1 registered, 1 attached"), "{body}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the engine never counted as attached: {body}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A second daemon, B's peer, that does answer: the peers check passes from A's side.
+    let a = Daemon::start(config(dir.path(), "region-a", vec![peer("region-b", b.peer_addr)])).await.unwrap();
+    let (code, body) = get(a.http_addr, "/readyz/peers").await;
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("peers: 1 of 1 reachable; region-b reachable"), "{body}");
+}
