@@ -26,8 +26,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub quick: bool,
     /// Link profiles (wanem presets or specs such as `rate=1gbit,rtt=50ms,loss=0.1%`),
-    /// comma-separated [default: 100mbit-20ms,1gbit-50ms,1gbit-150ms,1gbit-50ms-loss0.1; quick:
-    /// 100mbit-20ms,1gbit-50ms].
+    /// `;`-separated, since a spec itself uses commas [default:
+    /// 100mbit-20ms;1gbit-50ms;1gbit-150ms;1gbit-50ms-loss0.1; quick: 100mbit-20ms;1gbit-50ms].
     #[arg(long, value_delimiter = ';')]
     pub profiles: Vec<String>,
     /// Session sizes in MiB, comma-separated [default: 64,256,1024,2048; quick: 64].

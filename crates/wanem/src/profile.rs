@@ -145,6 +145,12 @@ impl PathProfile {
                         link = p.ab;
                         continue;
                     }
+                    (_, Some(_)) => {
+                        return Err(WanemError::Profile(format!(
+                            "preset {item:?} after the first item of {spec:?}: a preset may only lead a \
+                             profile (separate profiles with ';')"
+                        )));
+                    }
                     _ => {
                         return Err(WanemError::Profile(format!(
                             "unknown preset {item:?} (known: {})",
@@ -261,6 +267,9 @@ mod tests {
         assert!(PathProfile::parse("nope").is_err());
         assert!(PathProfile::parse("rate=1gbit,color=red").is_err());
         assert!(PathProfile::parse("rate=-3mbit").is_err());
+        // A comma list of presets (profiles are `;`-separated) says so, not "unknown preset".
+        let e = PathProfile::parse("100mbit-20ms,1gbit-50ms").unwrap_err().to_string();
+        assert!(e.contains("may only lead") && e.contains("';'"), "{e}");
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! The core is sans-IO, in the manner of `quinn-proto`: no sockets, no runtime, no clock (time
 //! is passed in). [`frame`] is the byte format, [`plan`] cuts a transfer into layer-major chunks,
 //! [`state`] is the transition table, [`requester`] and [`owner`] are the two ends of one
-//! transfer. The async driver over quinn (module `net`) and only moves bytes
-//! between sockets, pools and these cores.
+//! transfer, [`estimator`] the link estimator, [`checksum`] the chunk checksums and transfer
+//! digest. The async driver over quinn lives in another crate (`kvferry-peer`) and only moves
+//! bytes between sockets, pools and these cores.
 
 pub mod checksum;
 pub mod error;
