@@ -356,7 +356,7 @@ mod tests {
         let fd = create_memfd("revalidate", table.file_len()).unwrap();
         let backend: Arc<dyn MemoryBackend> = Arc::new(ShmBackend::new(fd, table).unwrap());
         let fingerprint = layout.fingerprint("m");
-        let digest = crate::engine_api::digest_bytes(&fingerprint);
+        let digest = fingerprint.digest_bytes();
         Arc::new(EngineEntry {
             engine_id: "e".into(),
             model_id: "m".into(),

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use kvferry_layout::{AttnSpec, BlockHash, Dtype, LayoutFingerprint, PoolLayout, StrideOrder};
+use kvferry_layout::{AttnSpec, BlockHash, Dtype, PoolLayout, StrideOrder};
 use kvferry_pool::MemoryBackend;
 use kvferry_proto::v1::engine_server::Engine;
 use kvferry_proto::v1::{
@@ -54,18 +54,6 @@ pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
         other => return Err(DaemonError::Invalid(format!("layout.kind {other:?} is not supported"))),
     };
     r.map_err(|e| DaemonError::Invalid(format!("layout: {e}")))
-}
-
-/// The 32-byte form of a layout fingerprint's digest (what crosses the wire).
-pub fn digest_bytes(fp: &LayoutFingerprint) -> [u8; 32] {
-    let hex = fp.digest();
-    let mut out = [0u8; 32];
-    if let Ok(v) = hex::decode(hex)
-        && v.len() == 32
-    {
-        out.copy_from_slice(&v);
-    }
-    out
 }
 
 /// The region's block hashes for a token list (full blocks only).
@@ -311,7 +299,7 @@ impl Engine for EngineService {
             .into());
         }
         let fingerprint = layout.fingerprint(&r.model_id);
-        let digest = digest_bytes(&fingerprint);
+        let digest = fingerprint.digest_bytes();
         let lease_id = format!("{:032x}", rand::random::<u128>());
         let entry = Arc::new(EngineEntry {
             engine_id: r.engine_id.clone(),

@@ -118,10 +118,7 @@ fn worker_thread(
                 (register_pool_request::Access::Nixl(NixlAccess { descriptor_json }), None)
             }
         };
-        let digest = shm.fingerprint(&model_id).digest();
-        let local_fingerprint = (0..digest.len() / 2)
-            .filter_map(|i| u8::from_str_radix(&digest[2 * i..2 * i + 2], 16).ok())
-            .collect();
+        let local_fingerprint = shm.fingerprint(&model_id).digest_bytes().to_vec();
         let b = Built {
             access,
             pool_stream,

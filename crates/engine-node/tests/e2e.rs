@@ -76,6 +76,8 @@ async fn two_engines_exchange_blocks_and_match_a_full_recompute() {
     let (la, lb) = (a.info().lease_id.clone(), b.info().lease_id.clone());
     assert_ne!(la, lb);
     assert_eq!(a.info().model_id, b.info().model_id, "same config and seed → same model id");
+    // The fixture answers RegisterPool as the daemon does: the engine's own digest.
+    assert_eq!(a.info().layout_fingerprint, a.info().local_fingerprint);
     let calls = d.calls();
     assert!(calls.iter().any(
         |c| matches!(c, Call::Register { kind, samples, .. } if kind == "vllm_flash_attn_nhd" && *samples > 0)

@@ -61,9 +61,16 @@ impl LayoutFingerprint {
         }
     }
 
-    /// Stable lowercase-hex SHA-256 of a versioned, length-prefixed encoding of every field.
-    /// Equal fingerprints have equal digests in every process and on every platform.
+    /// Stable lowercase-hex SHA-256 of a versioned, length-prefixed encoding of every field
+    /// ([`Self::digest_bytes`] as text, for logs and messages).
     pub fn digest(&self) -> String {
+        crate::hash::hex(&self.digest_bytes())
+    }
+
+    /// The SHA-256 of a versioned, length-prefixed encoding of every field: the 32 bytes that
+    /// cross the wire (peer frames, the Engine and Migration APIs). Equal fingerprints have
+    /// equal digests in every process and on every platform.
+    pub fn digest_bytes(&self) -> [u8; 32] {
         let mut h = Sha256::new();
         let mut field = |bytes: &[u8]| {
             h.update((bytes.len() as u64).to_le_bytes());
@@ -77,7 +84,7 @@ impl LayoutFingerprint {
         field(&self.head_dim.to_le_bytes());
         field(&self.block_size.to_le_bytes());
         field(self.kind.to_string().as_bytes());
-        crate::hash::hex(&h.finalize())
+        h.finalize().into()
     }
 }
 
@@ -98,6 +105,7 @@ mod tests {
         assert_eq!(a.check_compatible(&b), Ok(()));
         assert_eq!(a.digest(), b.digest());
         assert_eq!(a.digest().len(), 64);
+        assert_eq!(a.digest(), crate::hash::hex(&a.digest_bytes()));
     }
 
     #[test]
