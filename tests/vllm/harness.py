@@ -114,7 +114,7 @@ max_egress_gbps = {self.egress_gbps}
 staging_bytes = 33554432
 landing_zone_bytes = 268435456
 [transfer]
-idle_timeout_ms = 2000
+idle_timeout_ms = 5000
 chunk_bytes = {self.chunk_bytes}
 {self.extra_config}
 """
