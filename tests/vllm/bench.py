@@ -6,7 +6,9 @@
 - TTFT of B's next turn: prefix migrated (fetch) vs full recompute, a few prefix lengths.
 - Load into vLLM's KV memory (the connector's synchronous Load, daemon → vLLM pool over NIXL):
   GiB/s, beside a plain memcpy (numpy) of the same sizes in the same run.
-- The connector's added time per step when nothing is migrated (its hooks, both halves).
+- The connector's added time per step when nothing is migrated: the same workload on one vLLM
+  with and without KvferryConnector, alternated, per generated token; and the time measured
+  inside the connector's hooks.
 """
 
 from __future__ import annotations
@@ -49,6 +51,54 @@ def memcpy_gibs(nbytes: int) -> float:
         np.copyto(dst, src)
         best = min(best, time.perf_counter() - t)
     return nbytes / best / 2**30
+
+
+OVERHEAD_REQS = 8
+OVERHEAD_PROMPT = 256
+OVERHEAD_TOKENS = 48
+
+
+def overhead_ab(
+    work: Path, bin_dir: Path, model: Path, env: dict[str, str], rounds: int = 2
+) -> dict[str, float]:
+    """Seconds per generated token on one vLLM with vs without the connector (same seeded
+    workload, each configuration started `rounds` times alternately; medians). Nothing is
+    migrated: the connector only looks up, publishes and reports."""
+    per_token: dict[bool, list[float]] = {True: [], False: []}
+    hook_us: list[float] = []
+    for rnd in range(rounds):
+        for with_conn in (True, False):
+            r, _ = pair(work / f"overhead-{rnd}-{int(with_conn)}", bin_dir, model, SHAPE)
+            r.connector = with_conn
+            try:
+                if with_conn:
+                    r.start_daemon(env)
+                r.start_vllm(env)
+                r.wait_vllm()
+                rng = random.Random(5)
+                for i in range(4):  # warm-up
+                    r.complete(prompt(rng, 200), 4, tenant=f"warm-{i}")
+                rng = random.Random(99)
+                for i in range(OVERHEAD_REQS):
+                    out = r.complete(prompt(rng, OVERHEAD_PROMPT), OVERHEAD_TOKENS, tenant=f"ov-{i}")
+                    per_token[with_conn].append(out["wall_s"] / OVERHEAD_TOKENS)
+                time.sleep(0.5)
+            finally:
+                r.stop()
+            if with_conn:
+                log = (r.dir / "vllm.log").read_text()
+                over = re.findall(r"connector overhead ([0-9.]+) us/step over (\d+) steps", log)
+                if over:
+                    hook_us.append(float(over[-1][0]))
+    w, wo = statistics.median(per_token[True]), statistics.median(per_token[False])
+    return {
+        "with_s": w,
+        "without_s": wo,
+        "added_s": w - wo,
+        "ratio": w / wo,
+        "hook_us": statistics.median(hook_us) if hook_us else float("nan"),
+        "samples": float(len(per_token[True])),
+    }
 
 
 def main() -> int:
@@ -102,16 +152,14 @@ def main() -> int:
                 )
             )
             print(rows[-1], flush=True)
-        # Overhead with nothing migrated: one long decode (>= 200 steps), fresh tenant.
-        rb.complete(prompt(rng, 64), 420, tenant="overhead")
-        time.sleep(0.5)
     finally:
         ra.stop()
         rb.stop()
+    ov = overhead_ab(a.work, a.bin_dir, model, env)
+    print(ov, flush=True)
     log = (rb.dir / "vllm.log").read_text()
     loads = [(int(b), float(s)) for b, s in re.findall(r"kvferry: loaded (\d+) bytes in ([0-9.]+) s", log)]
     loads = [(b, s) for b, s in loads if b > 0]
-    over = re.findall(r"connector overhead ([0-9.]+) us/step over (\d+) steps", log)
     lines = [
         "# vLLM + kvferry: migrated prefix vs recompute (real vLLM CPU, loopback)",
         "",
@@ -140,15 +188,22 @@ def main() -> int:
     ]
     for b, s in sorted(set(loads)):
         lines.append(f"| {b} | {s:.4f} | {b / s / 2**30:.2f} | {memcpy_gibs(b):.2f} |")
-    lines += ["", "## Connector overhead per step with nothing migrated", ""]
-    if over:
-        us, steps = over[-1]
-        lines.append(
-            f"{us} µs/step (mean over {steps} steps without loads; both halves' hooks, including the"
-        )
-        lines.append("acknowledged Publish of each completed block).")
-    else:
-        lines.append("(no overhead line logged)")
+    lines += [
+        "",
+        "## Connector overhead with nothing migrated (one vLLM, with vs without KvferryConnector)",
+        "",
+        f"Workload: {OVERHEAD_REQS} sequential requests, {OVERHEAD_PROMPT}-token prompts (2 blocks published",
+        f"each, one Lookup each), {OVERHEAD_TOKENS} generated tokens; each configuration started twice,",
+        "alternately; median wall time per generated token (one decode step each, plus the prefill).",
+        "",
+        "| | s per generated token |",
+        "|---|---:|",
+        f"| without the connector | {ov['without_s'] * 1e3:.2f} ms |",
+        f"| with the connector | {ov['with_s'] * 1e3:.2f} ms |",
+        f"| added | {ov['added_s'] * 1e6:.0f} µs ({100 * (ov['ratio'] - 1):+.1f} %) |",
+        "",
+        f"Time inside the connector's hooks (both halves, steps without loads): {ov['hook_us']:.0f} µs/step.",
+    ]
     a.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

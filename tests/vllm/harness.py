@@ -65,6 +65,10 @@ class Region:
     peer_addr: str = ""
     egress_gbps: float = 0.0
     chunk_bytes: int = 4194304
+    # Appended to the daemon's TOML (e.g. a `[faults]` section for fault-injection builds).
+    extra_config: str = ""
+    # False: a plain vLLM without KvferryConnector (the baseline of the overhead measurement).
+    connector: bool = True
     daemon: subprocess.Popen[bytes] | None = None
     vllm: subprocess.Popen[bytes] | None = None
 
@@ -110,8 +114,9 @@ max_egress_gbps = {self.egress_gbps}
 staging_bytes = 33554432
 landing_zone_bytes = 268435456
 [transfer]
-idle_timeout_ms = 2000
+idle_timeout_ms = 5000
 chunk_bytes = {self.chunk_bytes}
+{self.extra_config}
 """
         p = self.dir / "kvferry.toml"
         p.write_text(cfg)
@@ -121,7 +126,6 @@ chunk_bytes = {self.chunk_bytes}
         cfg = self.write_config()
         log = open(self.dir / "daemon.log", "ab")
         e = dict(env)
-        e["KVFERRY_NIXL_METADATA_CHECKER"] = str(self.bin_dir / "kvferry-nixl-engine")
         e.setdefault("RUST_LOG", "info")
         self.daemon = subprocess.Popen(
             [str(self.bin_dir / "kvferry"), "daemon", "--config", str(cfg)],
@@ -172,8 +176,7 @@ chunk_bytes = {self.chunk_bytes}
             "127.0.0.1",
             "--port",
             str(self.vllm_port),
-            "--kv-transfer-config",
-            self.kv_transfer_config(),
+            *(["--kv-transfer-config", self.kv_transfer_config()] if self.connector else []),
             "--disable-log-stats",
             "--enable-prompt-tokens-details",
         ]

@@ -7,6 +7,7 @@
 #   KVFERRY_VLLM_VENV=DIR ...      # venv location (default <repo>/.venv-vllm)
 #   KVFERRY_VLLM_WORK=DIR ...      # scratch dir (default: a fresh mktemp dir)
 #   KVFERRY_VLLM_BIN_DIR=DIR ...   # use kvferry + kvferry-nixl-engine from DIR instead of building
+#                                    (they must be built with features nixl and fault-injection)
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
@@ -20,11 +21,11 @@ PYTHON="$py" source deploy/install-nixl.sh >/dev/null
 work="${KVFERRY_VLLM_WORK:-$(mktemp -d /tmp/kvferry-vllm.XXXXXX)}"
 mkdir -p "$work/bin"
 if [ -n "${KVFERRY_VLLM_BIN_DIR:-}" ]; then
-    # .ci/run passes the binaries its workspace build made (NIXL on): no second compilation.
     target="$KVFERRY_VLLM_BIN_DIR"
 else
-    echo "== building kvferry and kvferry-nixl-engine" >&2
-    cargo build -q -p kvferry -p kvferry-pool-nixl --bins
+    # fault-injection: the proof corrupts chunks on purpose (daemon A's `[faults]`).
+    echo "== building kvferry (features nixl, fault-injection) and kvferry-nixl-engine" >&2
+    cargo build -q -p kvferry -p kvferry-pool-nixl --features kvferry/nixl,kvferry/fault-injection --bins
     target="${CARGO_TARGET_DIR:-$repo/target}/debug"
 fi
 # Private copies: a shared target dir may be rebuilt from another checkout meanwhile.

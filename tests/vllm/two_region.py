@@ -21,6 +21,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,32 +30,66 @@ from harness import ModelShape, Region, pair  # noqa: E402
 
 from kvferry.router import MigrationResult, RouterClient  # noqa: E402
 
-SHAPES = [
-    ModelShape(
-        "tiny-llama-f32",
-        layers=4,
-        kv_heads=2,
-        heads=4,
-        head_dim=64,
-        dtype="float32",
-        block_size=128,
-        kv_bytes=32 << 20,
+
+@dataclass
+class Case:
+    """One model shape, its pair's daemon settings, and the phases run against it."""
+
+    shape: ModelShape
+    # A's egress to B is capped so that a transfer lasts long enough to be cut, corrupted or
+    # raced by eviction mid-way; chunks stay small enough to arrive within the idle timeout.
+    egress_gbps: float
+    chunk_bytes: int
+    phases: tuple[str, ...]
+
+
+# Fault-injection tenants (daemon A's `[faults]`; the daemons are built with that feature):
+# the first chunk served for CORRUPT_ONCE is corrupted after its checksum (B must refetch it),
+# every chunk for CORRUPT_ALWAYS is (B must give up and recompute).
+CORRUPT_ONCE = "t-corrupt-once"
+CORRUPT_ALWAYS = "t-corrupt-always"
+FAULTS = f"""[[faults.corrupt]]
+tenant = "{CORRUPT_ONCE}"
+chunks = 1
+[[faults.corrupt]]
+tenant = "{CORRUPT_ALWAYS}"
+chunks = 1000000
+"""
+
+CASES = [
+    Case(
+        ModelShape(
+            "tiny-llama-f32",
+            layers=4,
+            kv_heads=2,
+            heads=4,
+            head_dim=64,
+            dtype="float32",
+            block_size=128,
+            kv_bytes=32 << 20,
+        ),
+        egress_gbps=0.02,
+        chunk_bytes=1 << 20,
+        phases=("fetch", "recompute", "auto", "wrong_tenant", "evicted_before", "corrupt", "cut"),
     ),
-    ModelShape(
-        "tiny-llama-bf16",
-        layers=3,
-        kv_heads=4,
-        heads=4,
-        head_dim=32,
-        dtype="bfloat16",
-        block_size=64,
-        kv_bytes=8 << 20,
+    Case(
+        ModelShape(
+            "tiny-llama-bf16",
+            layers=3,
+            kv_heads=4,
+            heads=4,
+            head_dim=32,
+            dtype="bfloat16",
+            block_size=64,
+            kv_bytes=8 << 20,
+        ),
+        # 96 KiB per block: a 15-block prefix takes ~12 s at 1 Mbit/s, in 128 KiB chunks.
+        egress_gbps=0.001,
+        chunk_bytes=128 << 10,
+        phases=("fetch", "recompute", "evicted_during"),
     ),
 ]
-
-# A's egress to B is capped (0.02 Gbit/s, 1 MiB chunks) so that a transfer lasts long
-# enough to be cut or raced by eviction mid-way.
-EGRESS_GBPS = 0.02
+SHAPES = [c.shape for c in CASES]
 
 
 class Failed(AssertionError):
@@ -134,12 +169,13 @@ def reference(b: Region, turn2: list[int], tag: str) -> list[int]:
     return r["tokens"]
 
 
-def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, full: bool) -> dict[str, Any]:
+def run_case(case: Case, work: Path, bin_dir: Path, model_dir: Path, only: set[str]) -> dict[str, Any]:
+    shape = case.shape
     env = dict(os.environ)
-    a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=EGRESS_GBPS)
-    a.chunk_bytes = b.chunk_bytes = 1 << 20
-    out: dict[str, Any] = {"shape": shape.__dict__}
-    bs = shape.block_size
+    a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=case.egress_gbps)
+    a.chunk_bytes = b.chunk_bytes = case.chunk_bytes
+    a.extra_config = FAULTS
+    out: dict[str, Any] = {"shape": shape.__dict__, "egress_gbps": case.egress_gbps}
     rng = random.Random(7)
     try:
         a.start_daemon(env)
@@ -153,162 +189,234 @@ def run_shape(shape: ModelShape, work: Path, bin_dir: Path, model_dir: Path, ful
         # B measures its own prefill (LoadReport) on unrelated traffic.
         for i in range(8):
             b.complete(prompt(rng, 200 + 100 * (i % 4)), 2, tenant=f"warm-{i}")
-
-        print(f"[{shape.name}] policy fetch", flush=True)
-        ctx, turn2 = conversation(a, "t-fetch", rng, 6 * bs - 20)
-        m = migrate(b, a, "t-fetch", ctx, "fetch")
-        out["fetch"] = m
-        check(m["receipt"] == "fetch" and not m["fallback"], "fetch executed", **m)
-        check(m["tokens_ready"] == full_tokens(len(ctx), bs), "receipt covers the full blocks", **m)
-        ref = reference(b, turn2, "fetch")
-        r = b.complete(turn2, 16, tenant="t-fetch")
-        out["fetch_turn"] = {"cached_tokens": r["cached_tokens"], "prompt_tokens": len(turn2)}
-        check(
-            r["cached_tokens"] >= full_tokens(len(ctx), bs),
-            "B's next turn reports the migrated blocks cached",
-            cached=r["cached_tokens"],
-            full=full_tokens(len(ctx), bs),
-        )
-        check(r["tokens"] == ref, "greedy tokens equal a full recompute", got=r["tokens"], want=ref)
-
-        print(f"[{shape.name}] policy recompute", flush=True)
-        ctx, turn2 = conversation(a, "t-rec", rng, 4 * bs + 10)
-        m = migrate(b, a, "t-rec", ctx, "recompute")
-        out["recompute"] = m
-        check(
-            m["receipt"] == "recompute" and m["bytes_moved"] == 0, "recompute executed, no bytes moved", **m
-        )
-        r = b.complete(turn2, 16, tenant="t-rec")
-        check(
-            r["cached_tokens"] >= full_tokens(len(ctx), bs),
-            "B's prefix cache holds the recomputed prefix",
-            cached=r["cached_tokens"],
-        )
-        check(r["tokens"] == reference(b, turn2, "rec"), "recompute: tokens equal a full recompute")
-
-        if not full:
-            return out
-
-        print(f"[{shape.name}] policy auto", flush=True)
-        ctx, turn2 = conversation(a, "t-auto", rng, 5 * bs)
-        m = migrate(b, a, "t-auto", ctx, "auto")
-        out["auto"] = m
-        check(
-            m["receipt"] in ("fetch", "recompute", "split") and m["predicted_s"] > 0 and m["measured_s"] > 0,
-            "auto: the daemon decided and measured",
-            **m,
-        )
-        check(m["recompute_s_per_token"] > 0, "auto used a measured prefill cost", **m)
-        print(
-            f"    auto decided {m['decision']} ({m['reason']}); predicted {m['predicted_s']:.3f} s, "
-            f"measured {m['measured_s']:.3f} s",
-            flush=True,
-        )
-        r = b.complete(turn2, 16, tenant="t-auto")
-        check(
-            r["cached_tokens"] >= full_tokens(len(ctx), bs),
-            "auto: next turn finds the prefix warm",
-            cached=r["cached_tokens"],
-        )
-        check(r["tokens"] == reference(b, turn2, "auto"), "auto: tokens equal a full recompute")
-
-        print(f"[{shape.name}] wrong tenant", flush=True)
-        ctx, turn2 = conversation(a, "t-owner", rng, 4 * bs)
-        m = migrate(b, a, "t-intruder", ctx, "fetch")
-        out["wrong_tenant"] = m
-        check(
-            m["bytes_moved"] == 0 and m["source_tokens"] == 0,
-            "wrong tenant: nothing matched, nothing moved",
-            **m,
-        )
-        # (the daemon may then recompute the intruder's own copy in B: that is its prefill, not A's bytes)
-        r = b.complete(turn2, 16, tenant="t-owner")
-        check(
-            r["cached_tokens"] == 0,
-            "wrong tenant: none of the owner's blocks reached B",
-            cached=r["cached_tokens"],
-        )
-
-        print(f"[{shape.name}] evicted in A before B fetches", flush=True)
-        ctx, turn2 = conversation(a, "t-evicted", rng, 4 * bs)
-        flood(a, rng, shape)
-        m = migrate(b, a, "t-evicted", ctx, "fetch")
-        out["evicted_before"] = m
-        r = b.complete(turn2, 16, tenant="t-evicted")
-        check(
-            m["tokens_ready"] == 0 or m["receipt"] == "recompute" or m["fallback"] != "",
-            "evicted: nothing stale fetched",
-            **m,
-        )
-        check(r["tokens"] == reference(b, turn2, "evicted"), "evicted: tokens equal a full recompute")
-
-        print(f"[{shape.name}] eviction in A while B reads", flush=True)
-        ctx, turn2 = conversation(a, "t-race", rng, 8 * bs)
-        reused0 = a.metric("kvferry_served_reused_total")
-        res: dict[str, Any] = {}
-        th = threading.Thread(target=lambda: res.update(migrate(b, a, "t-race", ctx, "fetch")))
-        th.start()
-        time.sleep(0.3)
-        flood(a, rng, shape)
-        th.join()
-        reused = a.metric("kvferry_served_reused_total") - reused0
-        out["evicted_during"] = dict(res, reused_transfers=reused)
-        r = b.complete(turn2, 16, tenant="t-race")
-        check(
-            r["tokens"] == reference(b, turn2, "race"),
-            "eviction during the read: tokens equal a full recompute",
-            **res,
-        )
-        check(
-            reused >= 1 or res.get("bytes_moved", 0) > 0,
-            "eviction during the read: the transfer was refused by the re-check (or finished first)",
-            reused=reused,
-            **res,
-        )
-
-        print(f"[{shape.name}] transfer cut mid-way (source daemon killed)", flush=True)
-        ctx, turn2 = conversation(a, "t-cut", rng, 8 * bs)
-        res = {}
-        moving = threading.Event()
-        th = threading.Thread(
-            target=lambda: res.update(
-                migrate(b, a, "t-cut", ctx, "fetch", deadline_ms=30000, on_progress=moving)
-            )
-        )
-        th.start()
-        moving.wait(timeout=5)
-        # The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
-        assert a.daemon is not None
-        os.kill(a.daemon.pid, signal.SIGSTOP)
-        th.join()
-        os.kill(a.daemon.pid, signal.SIGKILL)
-        a.stop("daemon")
-        out["cut"] = res
-        check(
-            res.get("receipt") == "recompute" and res.get("fallback", "") != "",
-            "cut: B fell back to recompute",
-            **res,
-        )
-        r = b.complete(turn2, 16, tenant="t-cut")
-        check(r["tokens"] == reference(b, turn2, "cut"), "cut: tokens equal a full recompute")
+        for phase in case.phases:
+            if only and phase not in only:
+                continue
+            print(f"[{shape.name}] {phase}", flush=True)
+            t = time.time()
+            out[phase] = PHASES[phase](a, b, rng, shape)
+            print(f"    ({time.time() - t:.1f} s)", flush=True)
         return out
     finally:
         a.stop()
         b.stop()
 
 
-def flood(a: Region, rng: random.Random, shape: ModelShape) -> None:
-    """Enough distinct prompts to make vLLM A reuse every free cached block."""
-    blocks = shape.kv_bytes // (
-        2
-        * shape.layers
-        * shape.kv_heads
-        * shape.block_size
-        * shape.head_dim
-        * (4 if shape.dtype == "float32" else 2)
+def phase_fetch(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    bs = shape.block_size
+    ctx, turn2 = conversation(a, "t-fetch", rng, 6 * bs - 20)
+    m = migrate(b, a, "t-fetch", ctx, "fetch")
+    check(m["receipt"] == "fetch" and not m["fallback"], "fetch executed", **m)
+    check(m["tokens_ready"] == full_tokens(len(ctx), bs), "receipt covers the full blocks", **m)
+    ref = reference(b, turn2, "fetch")
+    r = b.complete(turn2, 16, tenant="t-fetch")
+    m["next_turn"] = {"cached_tokens": r["cached_tokens"], "prompt_tokens": len(turn2)}
+    check(
+        r["cached_tokens"] >= full_tokens(len(ctx), bs),
+        "B's next turn reports the migrated blocks cached",
+        cached=r["cached_tokens"],
+        full=full_tokens(len(ctx), bs),
     )
-    n = int(blocks // 4) + 4
-    ths = [threading.Thread(target=a.complete, args=(prompt(rng, 4 * shape.block_size), 1)) for _ in range(n)]
+    check(r["tokens"] == ref, "greedy tokens equal a full recompute", got=r["tokens"], want=ref)
+    return m
+
+
+def phase_recompute(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    bs = shape.block_size
+    ctx, turn2 = conversation(a, "t-rec", rng, 4 * bs + 10)
+    m = migrate(b, a, "t-rec", ctx, "recompute")
+    check(m["receipt"] == "recompute" and m["bytes_moved"] == 0, "recompute executed, no bytes moved", **m)
+    r = b.complete(turn2, 16, tenant="t-rec")
+    check(
+        r["cached_tokens"] >= full_tokens(len(ctx), bs),
+        "B's prefix cache holds the recomputed prefix",
+        cached=r["cached_tokens"],
+    )
+    check(r["tokens"] == reference(b, turn2, "rec"), "recompute: tokens equal a full recompute")
+    return m
+
+
+def phase_auto(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    bs = shape.block_size
+    ctx, turn2 = conversation(a, "t-auto", rng, 5 * bs)
+    m = migrate(b, a, "t-auto", ctx, "auto")
+    check(
+        m["receipt"] in ("fetch", "recompute", "split") and m["predicted_s"] > 0 and m["measured_s"] > 0,
+        "auto: the daemon decided and measured",
+        **m,
+    )
+    check(m["recompute_s_per_token"] > 0, "auto used a measured prefill cost", **m)
+    print(
+        f"    auto decided {m['decision']} ({m['reason']}); predicted {m['predicted_s']:.3f} s, "
+        f"measured {m['measured_s']:.3f} s",
+        flush=True,
+    )
+    r = b.complete(turn2, 16, tenant="t-auto")
+    check(
+        r["cached_tokens"] >= full_tokens(len(ctx), bs),
+        "auto: next turn finds the prefix warm",
+        cached=r["cached_tokens"],
+    )
+    check(r["tokens"] == reference(b, turn2, "auto"), "auto: tokens equal a full recompute")
+    return m
+
+
+def phase_wrong_tenant(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    ctx, turn2 = conversation(a, "t-owner", rng, 4 * shape.block_size)
+    m = migrate(b, a, "t-intruder", ctx, "fetch")
+    check(
+        m["bytes_moved"] == 0 and m["source_tokens"] == 0, "wrong tenant: nothing matched, nothing moved", **m
+    )
+    # (the daemon may then recompute the intruder's own copy in B: that is its prefill, not A's bytes)
+    r = b.complete(turn2, 16, tenant="t-owner")
+    check(
+        r["cached_tokens"] == 0,
+        "wrong tenant: none of the owner's blocks reached B",
+        cached=r["cached_tokens"],
+    )
+    return m
+
+
+def phase_evicted_before(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    ctx, turn2 = conversation(a, "t-evicted", rng, 4 * shape.block_size)
+    flood(a, rng, shape)
+    m = migrate(b, a, "t-evicted", ctx, "fetch")
+    r = b.complete(turn2, 16, tenant="t-evicted")
+    check(
+        m["tokens_ready"] == 0 or m["receipt"] == "recompute" or m["fallback"] != "",
+        "evicted: nothing stale fetched",
+        **m,
+    )
+    check(r["tokens"] == reference(b, turn2, "evicted"), "evicted: tokens equal a full recompute")
+    return m
+
+
+def phase_evicted_during(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    """vLLM A reuses the prefix's blocks while B is reading them (the capped link makes the
+    read last ~6 s; the flood makes vLLM A allocate every block of its cache within it)."""
+    bs = shape.block_size
+    ctx, turn2 = conversation(a, "t-race", rng, 15 * bs)
+    reused0 = a.metric("kvferry_served_reused_total")
+    res: dict[str, Any] = {}
+    th = threading.Thread(target=lambda: res.update(migrate(b, a, "t-race", ctx, "fetch")))
+    t0 = time.time()
+    th.start()
+    time.sleep(0.5)
+    flood(a, rng, shape, prompt_tokens=28 * bs)
+    flood_s = time.time() - t0
+    th.join()
+    res["flood_s"] = flood_s
+    res["reused_transfers"] = a.metric("kvferry_served_reused_total") - reused0
+    print(f"    flood done {flood_s:.1f} s after the fetch began; fetch took {res.get('wall_s', 0):.1f} s")
+    check(
+        res["reused_transfers"] >= 1,
+        "eviction during the read: A's owner-side re-check ended the transfer",
+        **res,
+    )
+    check(
+        res.get("tokens_ready", 0) < full_tokens(len(ctx), bs) or res.get("receipt") == "recompute",
+        "eviction during the read: B did not take the prefix as fetched",
+        **res,
+    )
+    r = b.complete(turn2, 16, tenant="t-race")
+    check(
+        r["tokens"] == reference(b, turn2, "race"), "eviction during the read: tokens equal a full recompute"
+    )
+    return res
+
+
+def phase_corrupt(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    bs = shape.block_size
+    out: dict[str, Any] = {}
+    # Corrupted once: B detects the bad chunk, refetches it, and the fetch still lands.
+    ctx, turn2 = conversation(a, CORRUPT_ONCE, rng, 4 * bs)
+    bad0 = b.metric("kvferry_chunks_failed_verification_total")
+    m = migrate(b, a, CORRUPT_ONCE, ctx, "fetch")
+    m["failed_verification"] = b.metric("kvferry_chunks_failed_verification_total") - bad0
+    out["once"] = m
+    check(m["failed_verification"] >= 1, "corrupted chunk: B's verification caught it", **m)
+    check(m["receipt"] == "fetch" and not m["fallback"], "corrupted chunk: refetched, fetch completed", **m)
+    r = b.complete(turn2, 16, tenant=CORRUPT_ONCE)
+    check(
+        r["cached_tokens"] >= full_tokens(len(ctx), bs),
+        "corrupted chunk: next turn cached",
+        cached=r["cached_tokens"],
+    )
+    check(
+        r["tokens"] == reference(b, turn2, "corrupt-once"), "corrupted chunk: tokens equal a full recompute"
+    )
+    # Corrupted every time: B gives up on the fetch and recomputes; nothing invalid lands.
+    ctx, turn2 = conversation(a, CORRUPT_ALWAYS, rng, 4 * bs)
+    bad0 = b.metric("kvferry_chunks_failed_verification_total")
+    fetched0 = b.metric("kvferry_fetched_bytes_total")
+    m = migrate(b, a, CORRUPT_ALWAYS, ctx, "fetch")
+    m["failed_verification"] = b.metric("kvferry_chunks_failed_verification_total") - bad0
+    m["fetched_bytes"] = b.metric("kvferry_fetched_bytes_total") - fetched0
+    out["always"] = m
+    check(m["failed_verification"] >= 2, "always corrupted: every attempt failed verification", **m)
+    check(
+        m["receipt"] == "recompute"
+        and m["fallback"] != ""
+        and m["bytes_moved"] == 0
+        and m["fetched_bytes"] == 0,
+        "always corrupted: B fell back to recompute, no fetched byte committed",
+        **m,
+    )
+    r = b.complete(turn2, 16, tenant=CORRUPT_ALWAYS)
+    check(
+        r["tokens"] == reference(b, turn2, "corrupt-always"),
+        "always corrupted: tokens equal a full recompute",
+    )
+    return out
+
+
+def phase_cut(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    """The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
+    Runs last for its pair: daemon A is gone afterwards."""
+    ctx, turn2 = conversation(a, "t-cut", rng, 8 * shape.block_size)
+    res: dict[str, Any] = {}
+    moving = threading.Event()
+    th = threading.Thread(
+        target=lambda: res.update(migrate(b, a, "t-cut", ctx, "fetch", deadline_ms=30000, on_progress=moving))
+    )
+    th.start()
+    moving.wait(timeout=5)
+    assert a.daemon is not None
+    os.kill(a.daemon.pid, signal.SIGSTOP)
+    th.join()
+    os.kill(a.daemon.pid, signal.SIGKILL)
+    a.stop("daemon")
+    check(
+        res.get("receipt") == "recompute" and res.get("fallback", "") != "",
+        "cut: B fell back to recompute",
+        **res,
+    )
+    r = b.complete(turn2, 16, tenant="t-cut")
+    check(r["tokens"] == reference(b, turn2, "cut"), "cut: tokens equal a full recompute")
+    return res
+
+
+PHASES = {
+    "fetch": phase_fetch,
+    "recompute": phase_recompute,
+    "auto": phase_auto,
+    "wrong_tenant": phase_wrong_tenant,
+    "evicted_before": phase_evicted_before,
+    "evicted_during": phase_evicted_during,
+    "corrupt": phase_corrupt,
+    "cut": phase_cut,
+}
+
+
+def flood(a: Region, rng: random.Random, shape: ModelShape, prompt_tokens: int = 0) -> None:
+    """Enough distinct prompts to make vLLM A allocate (so reuse) every block of its cache."""
+    bs = shape.block_size
+    blocks = shape.kv_bytes // (
+        2 * shape.layers * shape.kv_heads * bs * shape.head_dim * (4 if shape.dtype == "float32" else 2)
+    )
+    n_tok = prompt_tokens or 4 * bs
+    n = int(blocks * 1.3 // (n_tok // bs)) + 2
+    ths = [threading.Thread(target=a.complete, args=(prompt(rng, n_tok), 1)) for _ in range(n)]
     for t in ths:
         t.start()
     for t in ths:
@@ -320,12 +428,15 @@ def main() -> int:
     ap.add_argument("--bin-dir", type=Path, required=True)
     ap.add_argument("--work", type=Path, required=True)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--only", default="", help="comma-separated phases to run (default: all)")
     a = ap.parse_args()
+    only = {p for p in a.only.split(",") if p}
     from make_model import main as _  # noqa: F401  (ensures the script is importable)
 
     summary: dict[str, Any] = {"shapes": []}
     t0 = time.time()
-    for i, shape in enumerate(SHAPES):
+    for case in CASES:
+        shape = case.shape
         model_dir = a.work / "models" / shape.name
         import subprocess
 
@@ -348,7 +459,7 @@ def main() -> int:
             check=True,
             capture_output=True,
         )
-        summary["shapes"].append(run_shape(shape, a.work, a.bin_dir, model_dir, full=(i == 0)))
+        summary["shapes"].append(run_case(case, a.work, a.bin_dir, model_dir, only))
     summary["wall_s"] = time.time() - t0
     text = json.dumps(summary, indent=1, default=str)
     if a.json:

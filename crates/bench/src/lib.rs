@@ -5,7 +5,8 @@
 //! - [`regions`]: two regions (daemon + reference engine each, separate processes) inside the
 //!   emulator's namespaces;
 //! - [`session`]: seed, migrate and verify one session through the router API;
-//! - [`run`]: the sweep (profiles × sizes, baselines, decision quality) and its outputs.
+//! - [`run`]: the sweep (profiles × sizes, baselines, decision quality) and its outputs;
+//! - [`vllm`]: `--engine vllm`, real vLLM servers as the engines and their decision sweep.
 //!
 //! The results' types, statistics, Markdown and plots live in `kvferry-bench-report` (pure);
 //! the baselines in `kvferry-baselines`.
@@ -13,5 +14,6 @@
 pub mod regions;
 pub mod run;
 pub mod session;
+pub mod vllm;
 
 pub use run::{BenchArgs, run};

@@ -90,15 +90,17 @@ pub struct RegionOptions {
     pub streams: u32,
     /// `[limits] landing_zone_bytes`.
     pub landing_bytes: u64,
+    /// `Some`: real vLLM servers with KvferryConnector instead of reference engines.
+    pub vllm: Option<crate::vllm::VllmOptions>,
 }
 
 /// One region's processes and addresses.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Region {
     pub name: &'static str,
     pub side: Side,
     pub dir: PathBuf,
-    ns_path: PathBuf,
+    pub(crate) ns_path: PathBuf,
     pub grpc: SocketAddr,
     pub http: SocketAddr,
     pub peer: SocketAddr,
@@ -218,6 +220,31 @@ impl Regions {
             let sock = me.region(side).dir.join("engine.sock");
             let name = me.region(side).name;
             me.wait(&format!("daemon {name}"), deadline, || sock.exists()).await?;
+        }
+        if let Some(v) = &o.vllm {
+            for (cpu, side) in [Side::A, Side::B].into_iter().enumerate() {
+                let r = me.region(side).clone();
+                let log = std::fs::File::create(r.dir.join("engine.log"))?;
+                let mut cmd = v.command(emu, &r, cpu);
+                cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
+                let child = cmd.spawn().context("spawning vLLM")?;
+                match side {
+                    Side::A => me.a.engine_pid = child.id().unwrap_or(0),
+                    Side::B => me.b.engine_pid = child.id().unwrap_or(0),
+                }
+                me.children.push((format!("vLLM {}", r.name), child));
+            }
+            for side in [Side::A, Side::B] {
+                let r = me.region(side).clone();
+                while !crate::vllm::ready(&r).await {
+                    me.check_alive()?;
+                    if Instant::now() > deadline {
+                        bail!("timed out waiting for vLLM in {}", r.name);
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+            return Ok(me);
         }
         for side in [Side::A, Side::B] {
             let r = me.region(side);

@@ -27,7 +27,8 @@ pub struct BenchArgs {
     pub quick: bool,
     /// Link profiles (wanem presets or specs such as `rate=1gbit,rtt=50ms,loss=0.1%`),
     /// `;`-separated, since a spec itself uses commas [default:
-    /// 100mbit-20ms;1gbit-50ms;1gbit-150ms;1gbit-50ms-loss0.1; quick: 100mbit-20ms;1gbit-50ms].
+    /// 100mbit-20ms;1gbit-50ms;1gbit-150ms;1gbit-50ms-loss0.1; quick: 100mbit-20ms;1gbit-50ms;
+    /// --engine vllm: rate=200mbit,rtt=20ms;rate=500mbit,rtt=20ms].
     #[arg(long, value_delimiter = ';')]
     pub profiles: Vec<String>,
     /// Session sizes in MiB, comma-separated [default: 64,256,1024,2048; quick: 64].
@@ -61,6 +62,22 @@ pub struct BenchArgs {
     /// Re-render a saved report.json (Markdown, plots, target notes) next to it; runs nothing.
     #[arg(long, value_name = "REPORT_JSON")]
     pub render: Option<PathBuf>,
+    /// The regions' engines: `reference` (kvferry's reference engine: transfers, baselines,
+    /// decisions) or `vllm` (real vLLM CPU servers with KvferryConnector: decisions only, each
+    /// point fetched and recomputed by vLLM; needs the daemon built with NIXL).
+    #[arg(long, value_enum, default_value_t = Engine::Reference)]
+    pub engine: Engine,
+    /// `--engine vllm`: Python of a venv with vLLM and the kvferry package
+    /// (`tests/vllm/install.sh` makes `.venv-vllm`).
+    #[arg(long, default_value = ".venv-vllm/bin/python")]
+    pub vllm_python: PathBuf,
+}
+
+/// Which engines run in the emulated regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Engine {
+    Reference,
+    Vllm,
 }
 
 /// What a run resolves its flags to.
@@ -76,6 +93,10 @@ struct Plan {
 fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
     let profiles = if !a.profiles.is_empty() {
         a.profiles.clone()
+    } else if a.engine == Engine::Vllm {
+        // The tiny model's KV is 4 KiB/token and its CPU prefill ~0.1-0.3 ms/token: links on
+        // which the crossover falls within vLLM's 2048-token context.
+        vec!["rate=200mbit,rtt=20ms".into(), "rate=500mbit,rtt=20ms".into()]
     } else if a.quick {
         vec!["100mbit-20ms".into(), "1gbit-50ms".into()]
     } else {
@@ -136,8 +157,16 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
     let plan = resolve(a)?;
     kvferry_wanem::check_support()
         .map_err(|e| anyhow::anyhow!("kvferry bench needs the WAN emulator: {e}"))?;
+    let vllm = match a.engine {
+        Engine::Reference => None,
+        Engine::Vllm => Some(crate::vllm::VllmOptions::tiny_llama(
+            &a.vllm_python,
+            &std::env::temp_dir().join("kvferry-bench-vllm-models"),
+        )?),
+    };
     let out = match (&a.out, a.quick) {
         (Some(o), _) => o.clone(),
+        (None, false) if vllm.is_some() => PathBuf::from("bench/results/bench-vllm"),
         (None, false) => PathBuf::from("bench/results/bench-latest"),
         (None, true) => std::env::temp_dir().join(format!("kvferry-bench-quick-{}", std::process::id())),
     };
@@ -159,7 +188,10 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
     let t0 = Instant::now();
     for name in &plan.profiles {
         let path = PathProfile::parse(name)?;
-        let link = link_spec(name, &path);
+        let mut link = link_spec(name, &path);
+        if vllm.is_some() {
+            link.profile = format!("{name} (vLLM)");
+        }
         println!(
             "\n== profile {name}: {:.0} Mbit/s, RTT {:.0} ms, loss {:.2}%",
             link.rate_bps / 1e6,
@@ -176,6 +208,7 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             congestion: a.congestion.clone(),
             streams: a.streams,
             landing_bytes: (max_session + max_session / 2).max(512 * MIB),
+            vllm: vllm.clone(),
         };
         let t_start = Instant::now();
         let mut regions = match Regions::start(&emu, root.path(), &opts).await {
@@ -183,10 +216,27 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             Err(e) => bail!("profile {name}: {e:#} (logs kept in {})", root.keep().display()),
         };
         println!(
-            "  two regions up in {:.1} s (daemon + reference engine each, in namespaces)",
-            t_start.elapsed().as_secs_f64()
+            "  two regions up in {:.1} s (daemon + {} each, in namespaces)",
+            t_start.elapsed().as_secs_f64(),
+            if vllm.is_some() { "vLLM with KvferryConnector" } else { "reference engine" }
         );
-        let result = profile_body(&plan, a, &link, &shape, &emu, &mut regions, &mut report).await;
+        let result = match &vllm {
+            // vLLM's sessions are small (max-model-len): decisions only.
+            Some(v) => {
+                let seed = 17 + 7 * report.decisions.len() as u64;
+                crate::vllm::decisions(
+                    plan.decision_points,
+                    plan.quick,
+                    &link,
+                    v,
+                    &mut regions,
+                    &mut report,
+                    seed,
+                )
+                .await
+            }
+            None => profile_body(&plan, a, &link, &shape, &emu, &mut regions, &mut report).await,
+        };
         regions.stop().await;
         if a.keep_logs {
             let dst = out.join("runs").join(name.replace(['=', ',', '%'], "_"));
@@ -405,18 +455,22 @@ async fn transfer(
 /// Prefix lengths around the crossover `x` (tokens), whole blocks, at least one block, at
 /// most `cap`; `n` of them, geometric from x/4 to 4x. Without a crossover: 1 block to `cap`.
 pub fn sweep_lengths(x: Option<f64>, n: usize, cap: u64) -> Vec<u64> {
+    sweep_lengths_in(x, n, cap, BLOCK_TOKENS)
+}
+
+/// [`sweep_lengths`] for an engine with `block`-token blocks.
+pub fn sweep_lengths_in(x: Option<f64>, n: usize, cap: u64, block: u64) -> Vec<u64> {
+    let b = block.max(1) as f64;
     let (lo, hi) = match x {
-        Some(x) if x.is_finite() && x > 0.0 => {
-            ((x / 4.0).max(BLOCK_TOKENS as f64), (x * 4.0).min(cap as f64))
-        }
-        _ => (BLOCK_TOKENS as f64, cap as f64),
+        Some(x) if x.is_finite() && x > 0.0 => ((x / 4.0).max(b), (x * 4.0).min(cap as f64)),
+        _ => (b, cap as f64),
     };
     let hi = hi.max(lo);
     let mut v: Vec<u64> = (0..n.max(1))
         .map(|i| {
             let f = if n <= 1 { 0.5 } else { i as f64 / (n - 1) as f64 };
             let t = lo * (hi / lo).powf(f);
-            ((t / BLOCK_TOKENS as f64).round().max(1.0) as u64 * BLOCK_TOKENS).min(cap.max(BLOCK_TOKENS))
+            ((t / b).round().max(1.0) as u64 * block.max(1)).min(cap.max(block.max(1)))
         })
         .collect();
     v.dedup();
@@ -594,5 +648,17 @@ mod tests {
         assert!(resolve(&args(&["--profiles", "5gbit-nowhere"])).is_err());
         assert!(resolve(&args(&["--sizes-mib", "0"])).is_err());
         assert!(resolve(&args(&["--baseline-mib", "0"])).is_err());
+        let v = resolve(&args(&["--engine", "vllm"])).unwrap();
+        assert_eq!(v.profiles, ["rate=200mbit,rtt=20ms", "rate=500mbit,rtt=20ms"]);
+        assert!(Cli::try_parse_from(["x", "--engine", "sglang"]).is_err());
+    }
+
+    #[test]
+    fn vllm_sweeps_are_in_whole_vllm_blocks() {
+        let v = sweep_lengths_in(Some(700.0), 4, 1920, 128);
+        assert!(v.iter().all(|n| n % 128 == 0 && *n <= 1920), "{v:?}");
+        assert_eq!((v[0], *v.last().unwrap()), (128, 1920)); // 175 -> 1 block; 2800 -> cap
+        assert_eq!(sweep_lengths_in(None, 2, 1920, 128), vec![128, 1920]);
+        assert_eq!(sweep_lengths_in(Some(10_000.0), 3, 1920, 128), vec![1920]);
     }
 }

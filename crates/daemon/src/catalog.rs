@@ -29,6 +29,59 @@ pub struct RegionCatalog {
     pub egress: EgressCaps,
     /// `Some(pool use)` when eviction hints are on (`policy.eviction_hints`).
     pub hint_threshold: Option<f64>,
+    /// Test builds' injected faults (`[faults]`; empty unless feature `fault-injection`).
+    pub faults: InjectedFaults,
+}
+
+/// Chunks still to corrupt per tenant (`[faults] corrupt`), shared by that tenant's transfers.
+#[derive(Debug, Default)]
+pub struct InjectedFaults {
+    corrupt: HashMap<String, Arc<std::sync::atomic::AtomicU64>>,
+}
+
+impl InjectedFaults {
+    /// From the config (validation refuses entries in builds without the feature).
+    pub fn new(cfg: &crate::config::Faults) -> Self {
+        let corrupt = cfg
+            .corrupt
+            .iter()
+            .map(|f| (f.tenant.clone(), Arc::new(std::sync::atomic::AtomicU64::new(f.chunks))))
+            .collect();
+        Self { corrupt }
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn wrap(&self, tenant: &str, source: Arc<dyn ChunkSource>) -> Arc<dyn ChunkSource> {
+        match self.corrupt.get(tenant) {
+            Some(left) => Arc::new(Corrupting { inner: source, left: left.clone() }),
+            None => source,
+        }
+    }
+
+    #[cfg(not(feature = "fault-injection"))]
+    fn wrap(&self, _tenant: &str, source: Arc<dyn ChunkSource>) -> Arc<dyn ChunkSource> {
+        debug_assert!(self.corrupt.is_empty(), "config validation refuses faults without the feature");
+        source
+    }
+}
+
+/// Asks the owner to corrupt each chunk after its checksum while the tenant's budget lasts.
+#[cfg(feature = "fault-injection")]
+struct Corrupting {
+    inner: Arc<dyn ChunkSource>,
+    left: Arc<std::sync::atomic::AtomicU64>,
+}
+
+#[cfg(feature = "fault-injection")]
+impl ChunkSource for Corrupting {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+        self.inner.read(spec)
+    }
+
+    fn corrupt_after_checksum(&self, _spec: &ChunkSpec) -> bool {
+        use std::sync::atomic::Ordering;
+        self.left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok()
+    }
 }
 
 /// Serves from an engine's pool and, once every chunk was read (the whole chain went to the
@@ -152,7 +205,7 @@ impl ChunkSource for Paced {
 impl BlockCatalog for RegionCatalog {
     fn open(&self, peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)> {
         let mut served = self.open_unpaced(peer, req)?;
-        served.source = self.egress.wrap(peer, served.source);
+        served.source = self.faults.wrap(&req.tenant, self.egress.wrap(peer, served.source));
         Ok(served)
     }
 }
@@ -383,6 +436,7 @@ mod tests {
             metrics: Default::default(),
             egress: EgressCaps::default(),
             hint_threshold: None,
+            faults: InjectedFaults::default(),
         }
     }
 

@@ -146,6 +146,25 @@ pub struct Config {
     pub limits: Limits,
     pub transfer: Transfer,
     pub policy: PolicyDefaults,
+    /// Fault injection for tests (honoured only by builds with feature `fault-injection`).
+    pub faults: Faults,
+}
+
+/// Fault injection, for end-to-end tests of verification (e.g. tests/vllm). A build without
+/// the `fault-injection` feature refuses any entry here at start-up.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Faults {
+    /// Chunks served to peers for these tenants are corrupted after their checksum.
+    pub corrupt: Vec<CorruptFault>,
+}
+
+/// Corrupt the first `chunks` chunk sends (across transfers) of `tenant`'s blocks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CorruptFault {
+    pub tenant: String,
+    pub chunks: u64,
 }
 
 /// Listen addresses.
@@ -299,6 +318,7 @@ impl Default for Config {
             limits: Limits::default(),
             transfer: Transfer::default(),
             policy: PolicyDefaults::default(),
+            faults: Faults::default(),
         }
     }
 }
@@ -415,6 +435,12 @@ impl Config {
         }
         if !name_ok(&self.trust_domain) {
             return Err(invalid("trust_domain", "must be non-empty: letters, digits, '-', '.', '_'"));
+        }
+        if !self.faults.corrupt.is_empty() && !cfg!(feature = "fault-injection") {
+            return Err(invalid(
+                "faults.corrupt",
+                "fault injection is for test builds: this daemon was built without feature `fault-injection`",
+            ));
         }
         match self.tls.mode {
             TlsMode::Dev => {}
@@ -585,6 +611,16 @@ mod tests {
             assert!(matches!(e, ConfigError::Parse { .. }), "{text:?}: {e:?}");
             assert!(e.to_string().contains(want), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn faults_are_honoured_only_by_fault_injection_builds() {
+        let text = "[[faults.corrupt]]\ntenant = \"t\"\nchunks = 2";
+        let parsed = Config::parse(text);
+        #[cfg(feature = "fault-injection")]
+        assert_eq!(parsed.unwrap().faults.corrupt, vec![CorruptFault { tenant: "t".into(), chunks: 2 }]);
+        #[cfg(not(feature = "fault-injection"))]
+        assert!(parsed.unwrap_err().to_string().contains("faults.corrupt"));
     }
 
     #[test]

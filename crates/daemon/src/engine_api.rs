@@ -435,11 +435,30 @@ impl Engine for EngineService {
             plan.push((extents, landed));
         }
         self.shared.landing.lease(&hashes);
+        // Blocks go in batches of up to `limits.staging_bytes`: one staging buffer and one
+        // backend write per batch (for a NIXL pool each staging buffer is a registration in
+        // its helper and each write one transfer, so per-block calls cost milliseconds each).
+        let batch_cap = (self.shared.config.limits.staging_bytes as usize).max(1);
         let result: Result<(), DaemonError> = async {
-            for (extents, landed) in &plan {
-                let mut staging = engine.backend.staging(landed.bytes.len())?;
-                staging.as_mut_slice()[..landed.bytes.len()].copy_from_slice(&landed.bytes);
-                engine.backend.write(extents, &staging).await?;
+            let mut rest = &plan[..];
+            while !rest.is_empty() {
+                let mut n = 0;
+                let mut bytes = 0;
+                while n < rest.len() && (n == 0 || bytes + rest[n].1.bytes.len() <= batch_cap) {
+                    bytes += rest[n].1.bytes.len();
+                    n += 1;
+                }
+                let (batch, tail) = rest.split_at(n);
+                rest = tail;
+                let mut staging = engine.backend.staging(bytes)?;
+                let mut extents = Vec::new();
+                let mut off = 0;
+                for (ext, landed) in batch {
+                    staging.as_mut_slice()[off..off + landed.bytes.len()].copy_from_slice(&landed.bytes);
+                    off += landed.bytes.len();
+                    extents.extend_from_slice(ext);
+                }
+                engine.backend.write(&extents, &staging).await?;
             }
             Ok(())
         }

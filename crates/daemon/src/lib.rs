@@ -146,6 +146,10 @@ impl http::Routes for HttpRoutes {
             "# HELP kvferry_staging_high_water_bytes Most staging memory in use at once, per direction.\n# TYPE kvferry_staging_high_water_bytes gauge\nkvferry_staging_high_water_bytes{{direction=\"serve\"}} {serve}\nkvferry_staging_high_water_bytes{{direction=\"fetch\"}} {fetch}\nkvferry_staging_bound_bytes {}\n",
             s.node.staging_bound()
         ));
+        out.push_str(&format!(
+            "# HELP kvferry_chunks_failed_verification_total Chunks fetched from peers whose checksum did not match (refetched or fatal; never landed).\n# TYPE kvferry_chunks_failed_verification_total counter\nkvferry_chunks_failed_verification_total {}\n",
+            s.node.verify_failures()
+        ));
         out
     }
 }
@@ -200,6 +204,7 @@ impl Daemon {
             metrics: metrics.clone(),
             egress: catalog::EgressCaps::new(&config.peers),
             hint_threshold: config.policy.eviction_hints.then_some(config.policy.eviction_hint_pool_use),
+            faults: catalog::InjectedFaults::new(&config.faults),
         });
         let (bw, rtt) = config
             .peers

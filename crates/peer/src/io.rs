@@ -18,12 +18,37 @@ pub type ChunkBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 pub trait ChunkSource: Send + Sync {
     /// Returns exactly `spec.len` bytes of chunk `spec`.
     fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>>;
+
+    /// Fault injection (feature `fault-injection`, test builds only): whether the owner
+    /// corrupts chunk `spec`'s payload *after* checksumming it, as a bit flip in memory or on
+    /// the wire would, so that the requester's verification is exercised end to end.
+    #[cfg(feature = "fault-injection")]
+    fn corrupt_after_checksum(&self, _spec: &ChunkSpec) -> bool {
+        false
+    }
 }
 
 /// Where the requester lands a verified chunk.
 pub trait ChunkSink: Send + Sync {
     /// Writes a verified chunk's payload to its place.
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>>;
+}
+
+/// Flips one bit of the payload when `source` asks for it (see
+/// [`ChunkSource::corrupt_after_checksum`]); the checksum already sent stays that of the
+/// original bytes.
+#[cfg(feature = "fault-injection")]
+pub(crate) fn maybe_corrupt(source: &dyn ChunkSource, spec: &ChunkSpec, bytes: ChunkBytes) -> ChunkBytes {
+    if !source.corrupt_after_checksum(spec) {
+        return bytes;
+    }
+    let mut v = (*bytes).as_ref().to_vec();
+    let mid = v.len() / 2;
+    if let Some(b) = v.get_mut(mid) {
+        *b ^= 0x01;
+    }
+    tracing::warn!(chunk = spec.id, "fault injection: corrupted a served chunk after its checksum");
+    Box::new(v)
 }
 
 pub(crate) fn conn_err(e: impl std::fmt::Display) -> WireError {

@@ -170,6 +170,9 @@ pub struct PeerNode {
     routers: Mutex<HashMap<usize, Arc<StreamRouter>>>,
     /// Transfers being served now.
     serving: std::sync::atomic::AtomicU32,
+    /// Chunks fetched from peers that failed verification (each was refetched or ended its
+    /// transfer; none was landed).
+    verify_failures: std::sync::atomic::AtomicU64,
 }
 
 /// Routes a connection's incoming chunk streams to the transfer they belong to, so that
@@ -241,12 +244,18 @@ impl PeerNode {
             incoming: Mutex::new(Vec::new()),
             routers: Mutex::new(HashMap::new()),
             serving: std::sync::atomic::AtomicU32::new(0),
+            verify_failures: std::sync::atomic::AtomicU64::new(0),
         });
         tokio::spawn(accept_loop(node.clone()));
         Ok(node)
     }
 
     /// This endpoint's serving load, as reported to peers that query it.
+    /// Chunks fetched by this node that failed verification so far (none of them landed).
+    pub fn verify_failures(&self) -> u64 {
+        self.verify_failures.load(Ordering::Relaxed)
+    }
+
     pub fn load_report(&self, transfer_id: u128) -> kvferry_wire::frame::LoadReport {
         kvferry_wire::frame::LoadReport {
             transfer_id,
@@ -432,7 +441,11 @@ impl PeerNode {
                 },
                 chunk = chunk_rx.recv() => match chunk {
                     Some(Ok((h, payload, lease))) => {
-                        match core.on_chunk(ns_since(t0), &h, &payload)? {
+                        let verdict = core.on_chunk(ns_since(t0), &h, &payload);
+                        if let Err(WireError::TooManyRetries { .. }) = verdict {
+                            self.verify_failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                        match verdict? {
                             ChunkVerdict::Land(spec) => {
                                 if let Err(e) = sink.land(spec, &payload).await {
                                     return Err(core.cancel(&format!("landing failed: {e}")))
@@ -444,6 +457,7 @@ impl PeerNode {
                             }
                             ChunkVerdict::Corrupt { chunk } => {
                                 stats.refetched += 1;
+                                self.verify_failures.fetch_add(1, Ordering::Relaxed);
                                 tracing::warn!(chunk, "chunk failed verification; refetching");
                             }
                             ChunkVerdict::Duplicate | ChunkVerdict::Ignored => {}
@@ -699,6 +713,8 @@ async fn serve_transfer(
                 let bytes = served.source.read(spec).await.map_err(WireError::Local)?;
                 let header = owner.chunk_ready(work, (*bytes).as_ref())?;
                 if let (Some(h), Work::Send(_)) = (header, work) {
+                    #[cfg(feature = "fault-injection")]
+                    let bytes = crate::io::maybe_corrupt(&*served.source, &spec, bytes);
                     let payload = Bytes::from_owner(Leased { bytes, _lease: lease });
                     writers[next_writer % streams]
                         .send((h, payload))

@@ -9,8 +9,9 @@ Worker half (where the KV tensors live): registers them as one pool (NIXL DRAM o
 on GPU), holds the lease (Attach), loads blocks synchronously before the forward pass that
 needs them (a failed, partial or late load is reported through
 `get_block_ids_with_load_errors`: vLLM recomputes), publishes the blocks the step completed
-after its forward pass (`wait_for_save`), times its steps into a prefill profile and reports
-it with the queue, and runs the daemon's Recompute commands through vLLM's own server.
+after its forward pass (`wait_for_save`; sent from a background thread), times its steps
+into a prefill profile and reports it with the queue, and runs the daemon's Recompute
+commands through vLLM's own server.
 
 The two halves share only the lease id, through a file in the run dir.
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
+import threading
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -50,6 +53,36 @@ if TYPE_CHECKING:
 
 # Under "vllm." so vLLM's logging configuration (handlers, level) applies.
 log = logging.getLogger("vllm.kvferry")
+
+
+class _Announcer:
+    """The worker's fire-and-forget traffic to the daemon (stored-block `Publish`), on one
+    thread, so vLLM's step never waits on a round trip for it. Safe to delay: each publication
+    carries its step's epoch, and the daemon drops a store older than its block id's last
+    withdrawal (the scheduler's withdrawals stay synchronous, before the overwriting step)."""
+
+    def __init__(self, client: EngineClient) -> None:
+        self._client = client
+        self._q: queue.SimpleQueue[tuple[str, list[tuple[str, list[bytes], list[int]]], int] | None] = (
+            queue.SimpleQueue()
+        )
+        self._thread = threading.Thread(target=self._run, name="kvferry-announce", daemon=True)
+        self._thread.start()
+
+    def publish(self, lease_id: str, stored: list[tuple[str, list[bytes], list[int]]], epoch: int) -> None:
+        self._q.put((lease_id, stored, epoch))
+
+    def _run(self) -> None:
+        while (item := self._q.get()) is not None:
+            lease_id, stored, epoch = item
+            try:
+                self._client.publish(lease_id, stored=stored, epoch=epoch)
+            except KvferryError as e:
+                log.warning("kvferry: publishing %d block runs failed: %s", len(stored), e)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout_s)
 
 
 @dataclass
@@ -150,6 +183,7 @@ class KvferryConnector(KVConnectorBase_V1):
         self._pool: NixlPool | None = None
         self._geometry: PoolGeometry | None = None
         self._lease: Lease | None = None
+        self._announcer: _Announcer | None = None
         self._load_errors: set[int] = set()
         self._step_t0 = 0.0
         self._load_s = 0.0
@@ -180,6 +214,7 @@ class KvferryConnector(KVConnectorBase_V1):
             self.s.engine_id, self.s.model_id, g.spec, self._pool.descriptor_json(), fit
         )
         self.client.attach(self._lease, on_recompute=self._recompute)
+        self._announcer = _Announcer(self.client)
         tmp = self.s.lease_file + ".tmp"
         with open(tmp, "w") as f:
             f.write(self._lease.lease_id)
@@ -268,11 +303,8 @@ class KvferryConnector(KVConnectorBase_V1):
 
     def _after_step(self, meta: KvferryConnectorMetadata, now: float) -> None:
         compute_s = now - self._step_t0 - self._load_s
-        if meta.publish:
-            try:
-                self.client.publish(self._lease.lease_id, stored=meta.publish, epoch=meta.epoch)
-            except KvferryError as e:
-                log.warning("kvferry: publishing %d block runs failed: %s", len(meta.publish), e)
+        if meta.publish and self._lease is not None and self._announcer is not None:
+            self._announcer.publish(self._lease.lease_id, meta.publish, meta.epoch)
         if meta.step_tokens > 0:
             self._fit.add_sums(meta.step_tokens, meta.step_pairs, compute_s)
             log.debug(
@@ -506,6 +538,9 @@ class KvferryConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         try:
+            if self._announcer is not None:
+                self._announcer.close()
+                self._announcer = None
             self.client.close()
         finally:
             if self._pool is not None:

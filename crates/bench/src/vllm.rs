@@ -1,0 +1,280 @@
+//! `kvferry bench --engine vllm`: real vLLM (CPU build) OpenAI-compatible servers with
+//! `KvferryConnector` as the regions' engines, in the emulator's namespaces, and the
+//! decision-quality sweep driven through their HTTP API: each prefix is held by vLLM A (a
+//! completion with the bench tenant as `cache_salt`), decided by daemon B from vLLM B's own
+//! measured prefill profile and the live link, then fetched and (another conversation of the
+//! same length) recomputed for real, both timed by the daemon's receipts.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use kvferry_bench_report::{BenchReport, DecisionPoint, LinkSpec};
+use kvferry_proto::v1::PolicyMode;
+use kvferry_wanem::{Emulator, Side};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+use crate::regions::{Region, Regions, ns_connect};
+use crate::session;
+
+/// The vLLM servers' port inside each namespace.
+pub const VLLM_PORT: u16 = 8000;
+
+/// The vLLM engines of a `--engine vllm` run.
+#[derive(Debug, Clone)]
+pub struct VllmOptions {
+    /// Python of a venv with vLLM's CPU build and the kvferry package (tests/vllm/install.sh).
+    pub python: PathBuf,
+    /// A Hugging Face model directory (local; nothing is downloaded).
+    pub model: PathBuf,
+    pub served_name: String,
+    /// `--dtype` (float32 | bfloat16).
+    pub dtype: String,
+    /// vLLM's `--block-size` (tokens per KV block).
+    pub block_size: u32,
+    /// vLLM's `--max-model-len`: the longest prefix the sweep can use.
+    pub max_model_len: u32,
+    /// vLLM's `--kv-cache-memory-bytes`.
+    pub kv_bytes: u64,
+}
+
+impl VllmOptions {
+    /// The default tiny seeded Llama (tests/vllm/make_model.py: 4 layers, 2 KV heads, head 64,
+    /// fp32), created under `dir` with `python`.
+    pub fn tiny_llama(python: &Path, dir: &Path) -> anyhow::Result<Self> {
+        let model = dir.join("tiny-llama-f32");
+        if !model.join("config.json").exists() {
+            let script = Path::new("tests/vllm/make_model.py");
+            if !script.exists() {
+                bail!(
+                    "--engine vllm without --vllm-model runs {} from the repository root",
+                    script.display()
+                );
+            }
+            let st = std::process::Command::new(python)
+                .arg(script)
+                .arg(&model)
+                .stdout(std::process::Stdio::null())
+                .status()
+                .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+            if !st.success() {
+                bail!("{} {} failed ({st})", python.display(), script.display());
+            }
+        }
+        Ok(Self {
+            python: python.to_owned(),
+            model,
+            served_name: "tiny-llama-f32".into(),
+            dtype: "float32".into(),
+            block_size: 128,
+            max_model_len: 2048,
+            kv_bytes: 64 << 20,
+        })
+    }
+
+    fn kv_transfer_config(&self, r: &Region) -> String {
+        serde_json::json!({
+            "kv_connector": "KvferryConnector",
+            "kv_connector_module_path": "kvferry.vllm",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "daemon_socket": r.dir.join("engine.sock"),
+                "engine_id": format!("vllm-{}", r.name),
+                "model_id": self.served_name,
+                "server_url": format!("http://{}", vllm_addr(r)),
+            }
+        })
+        .to_string()
+    }
+
+    /// The command that starts this region's vLLM server inside its namespace.
+    pub fn command(&self, emu: &Emulator, r: &Region, cpu: usize) -> Command {
+        let mut cmd = Command::from(emu.command(r.side, &self.python));
+        cmd.args(["-m", "vllm.entrypoints.openai.api_server", "--model"])
+            .arg(&self.model)
+            .args(["--served-model-name", &self.served_name, "--dtype", &self.dtype, "--enforce-eager"])
+            .args(["--max-model-len", &self.max_model_len.to_string()])
+            .args(["--block-size", &self.block_size.to_string()])
+            .args(["--kv-cache-memory-bytes", &self.kv_bytes.to_string()])
+            .args(["--max-num-seqs", "8", "--host", &vllm_addr(r).ip().to_string()])
+            .args(["--port", &VLLM_PORT.to_string(), "--disable-log-stats", "--enable-prompt-tokens-details"])
+            .arg("--kv-transfer-config")
+            .arg(self.kv_transfer_config(r))
+            .env("VLLM_CPU_OMP_THREADS_BIND", cpu.to_string())
+            .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            .env("HF_HUB_OFFLINE", "1")
+            .env("VLLM_NO_USAGE_STATS", "1")
+            .env("DO_NOT_TRACK", "1");
+        cmd
+    }
+}
+
+/// Where a region's vLLM listens (its namespace's address).
+pub fn vllm_addr(r: &Region) -> SocketAddr {
+    SocketAddr::new(r.grpc.ip(), VLLM_PORT)
+}
+
+/// One HTTP/1.1 request to `to` from inside `ns`, `Connection: close`; returns status and body.
+async fn http(
+    ns: &Path,
+    to: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<(u16, String)> {
+    let mut s = ns_connect(ns.to_owned(), to).await?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {to}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(600), s.read_to_end(&mut out)).await??;
+    let text = String::from_utf8_lossy(&out);
+    let (head, rest) = text.split_once("\r\n\r\n").context("HTTP response without a header end")?;
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).context("HTTP status line")?;
+    let chunked = head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding: chunked"));
+    Ok((status, if chunked { dechunk(rest) } else { rest.to_owned() }))
+}
+
+/// Joins an HTTP/1.1 chunked body.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else { break };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Whether the region's vLLM answers `/v1/models`.
+pub async fn ready(r: &Region) -> bool {
+    matches!(http(&r.ns_path, vllm_addr(r), "GET", "/v1/models", None).await, Ok((200, _)))
+}
+
+/// A greedy completion of `tokens` in the region's vLLM under `tenant` (`cache_salt`); returns
+/// the prompt tokens vLLM reported cached.
+pub async fn complete(
+    r: &Region,
+    v: &VllmOptions,
+    tokens: &[u32],
+    max_tokens: u32,
+    tenant: &str,
+) -> anyhow::Result<u64> {
+    let body = serde_json::json!({
+        "model": v.served_name, "prompt": tokens, "max_tokens": max_tokens, "temperature": 0.0,
+        "ignore_eos": true, "cache_salt": tenant,
+    });
+    let (status, text) = http(&r.ns_path, vllm_addr(r), "POST", "/v1/completions", Some(&body)).await?;
+    if status != 200 {
+        bail!("vLLM {} answered {status}: {text}", r.name);
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("vLLM answer {text:?}"))?;
+    Ok(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
+}
+
+/// The decision-quality sweep with vLLM engines (see the module doc).
+pub async fn decisions(
+    points: usize,
+    quick: bool,
+    link: &LinkSpec,
+    v: &VllmOptions,
+    regions: &mut Regions,
+    report: &mut BenchReport,
+    mut seed: u64,
+) -> anyhow::Result<()> {
+    let bs = u64::from(v.block_size);
+    let (a, b) = (&regions.a.clone(), &regions.b.clone());
+    let mut mig = regions.migration(Side::B).await?;
+    // vLLM B measures its own prefill profile from its steps: give it some to time.
+    for i in 0..8u64 {
+        let p = session::prompt(200 + 100 * (i % 4) as usize, seed + i);
+        complete(b, v, &p, 2, &format!("warm-{seed}-{i}")).await?;
+    }
+    seed += 8;
+    // The longest prefix vLLM can hold in one request, in whole blocks.
+    let max_tokens = (u64::from(v.max_model_len) - 32) / bs * bs;
+    let probe = session::prompt(max_tokens as usize, seed);
+    seed += 1;
+    complete(a, v, &probe, 1, session::TENANT).await?;
+    let d0 = session::wait_for_holdings(&mut mig, &probe, max_tokens, Duration::from_secs(60)).await?;
+    let crossover = d0.crossover_tokens;
+    let lengths = crate::run::sweep_lengths_in(crossover, points, max_tokens, bs);
+    println!(
+        "  decisions (vLLM): modeled crossover {} tokens (vLLM B's measured prefill {:.3} ms/token linear), prefixes {:?}",
+        crossover.map_or("none".into(), |x| format!("{x:.0}")),
+        d0.recompute_s_per_token * 1e3,
+        lengths
+    );
+    let reps = if quick { 1 } else { 2 };
+    for &n in &lengths {
+        for _ in 0..reps {
+            let x = session::prompt(n as usize, seed);
+            let y = session::prompt(n as usize, seed + 1);
+            seed += 2;
+            complete(a, v, &x, 1, session::TENANT).await?;
+            session::wait_for_holdings(&mut mig, &x, n, Duration::from_secs(60)).await?;
+            let t = Instant::now();
+            let d = session::plan(&mut mig, &x, false).await?;
+            let plan_s = t.elapsed().as_secs_f64();
+            let fetched =
+                session::migrate(&mut mig, &format!("vllm-dq-fetch-{seed}"), &x, PolicyMode::Fetch, false)
+                    .await?;
+            let recomputed =
+                session::migrate(&mut mig, &format!("vllm-dq-rec-{seed}"), &y, PolicyMode::Recompute, false)
+                    .await?;
+            for (what, m) in [("fetch", &fetched), ("recompute", &recomputed)] {
+                if m.receipt.action != what
+                    || !m.receipt.fallback.is_empty()
+                    || m.receipt.tokens_ready + bs < n
+                {
+                    bail!(
+                        "vLLM: {what} of {n} tokens ended as {} with {} tokens ready (fallback: {})",
+                        m.receipt.action,
+                        m.receipt.tokens_ready,
+                        m.receipt.fallback
+                    );
+                }
+            }
+            // The next turn in B finds both prefixes warm (fetched: loaded by the connector;
+            // recomputed: vLLM B's own prefix cache).
+            let mut turn = x.clone();
+            turn.extend(session::prompt(16, seed + 7));
+            let cached_fetch = complete(b, v, &turn, 1, session::TENANT).await?;
+            if cached_fetch + bs < n {
+                bail!("vLLM B's next turn after a fetch of {n} tokens reported only {cached_fetch} cached");
+            }
+            let p = DecisionPoint {
+                link: link.clone(),
+                prefix_tokens: n,
+                chosen: d.action.clone(),
+                predicted_fetch_s: session::predicted(&d, "fetch").unwrap_or(f64::NAN),
+                predicted_recompute_s: session::predicted(&d, "recompute").unwrap_or(f64::NAN),
+                measured_fetch_s: fetched.receipt.wall_s,
+                measured_recompute_s: recomputed.receipt.wall_s,
+                modeled_crossover_tokens: d.crossover_tokens,
+            };
+            println!(
+                "    {n:>5} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; next turn cached {cached_fetch} (plan {:.0} ms)",
+                p.chosen,
+                p.predicted_fetch_s,
+                p.predicted_recompute_s,
+                p.measured_fetch_s,
+                p.measured_recompute_s,
+                plan_s * 1e3
+            );
+            report.decisions.push(p);
+            regions.check_alive()?;
+        }
+    }
+    Ok(())
+}
