@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvferry_bench_report::{BenchReport, DecisionPoint, LinkSpec};
-use kvferry_proto::v1::PolicyMode;
+use kvferry_proto::v1::{Action, PolicyMode};
 use kvferry_wanem::{Emulator, Side};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -232,8 +232,10 @@ pub async fn decisions(
             let recomputed =
                 session::migrate(&mut mig, &format!("vllm-dq-rec-{seed}"), &y, PolicyMode::Recompute, false)
                     .await?;
-            for (what, m) in [("fetch", &fetched), ("recompute", &recomputed)] {
-                if m.receipt.action != what
+            for (kind, what, m) in
+                [(Action::Fetch, "fetch", &fetched), (Action::Recompute, "recompute", &recomputed)]
+            {
+                if m.receipt.kind() != kind
                     || !m.receipt.fallback.is_empty()
                     || m.receipt.tokens_ready + bs < n
                 {
