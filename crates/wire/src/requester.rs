@@ -6,6 +6,11 @@
 //! the caller lands exactly those bytes. Blocks become valid only when the machine reaches
 //! `Committed` (every chunk verified and both digests equal); on any failure nothing it touched
 //! is valid. Time is passed in as nanoseconds on the caller's clock.
+//!
+//! Calling contract (as quinn-proto's): feed every frame in through `on_*`, send what
+//! [`Requester::poll_transmit`] returns, and call [`Requester::on_timer`] (then check
+//! [`Requester::stalled`]) no later than [`Requester::poll_timeout`]; the driver needs no tick
+//! of its own.
 
 use std::collections::VecDeque;
 
@@ -317,6 +322,23 @@ impl Requester {
             }
         }
         Ok(())
+    }
+
+    /// When the driver must next call [`Self::on_timer`] and check [`Self::stalled`], ns on the
+    /// caller's clock: the earliest of the deadline, the stall timeout after the last progress,
+    /// and (chunks missing after the owner's `Done`) the end of the retransmit grace. `None`
+    /// once the transfer ended. May lie in the past: the timer is due now.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        if self.machine.is_terminal() {
+            return None;
+        }
+        let mut at =
+            self.cfg.deadline_ns.min(self.last_progress_ns.saturating_add(self.cfg.stall_timeout_ns));
+        let missing = self.checksums.iter().any(Option::is_none);
+        if missing && let Some(since) = self.retransmit_asked_at.or(self.owner_digest.map(|(_, at)| at)) {
+            at = at.min(since.saturating_add(self.cfg.missing_grace_ns));
+        }
+        Some(at)
     }
 
     /// Whether nothing has progressed for the stall timeout: the driver should treat the
