@@ -7,6 +7,7 @@ use std::pin::Pin;
 use kvferry_wire::frame::{self, Frame, PREFIX_LEN};
 use kvferry_wire::{ChunkSpec, WireError};
 use quinn::{ReadExactError, RecvStream, SendStream};
+use tokio::sync::mpsc;
 
 /// A boxed, sendable future.
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -110,4 +111,30 @@ pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, W
 pub(crate) async fn write_frame(send: &mut SendStream, f: &Frame) -> Result<(), WireError> {
     let bytes = frame::encode_to_vec(f);
     send.write_all(&bytes).await.map_err(write_err)
+}
+
+/// Aborts its tasks when dropped (a driver that returns early leaves no reader behind).
+pub(crate) struct AbortOnDrop(pub(crate) Vec<tokio::task::AbortHandle>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        for h in &self.0 {
+            h.abort();
+        }
+    }
+}
+
+/// Forwards a request's control frames to its driver until the stream ends or fails.
+pub(crate) async fn control_reader(mut recv: RecvStream, tx: mpsc::Sender<Result<Frame, WireError>>) {
+    loop {
+        let item = match read_frame(&mut recv).await {
+            Ok(Some(f)) => Ok(f),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        let stop = item.is_err();
+        if tx.send(item).await.is_err() || stop {
+            return;
+        }
+    }
 }

@@ -1,18 +1,23 @@
 //! kvferry-peer: QUIC endpoints with mutual TLS between regions, the transfer driver over the
 //! sans-IO cores of `kvferry-wire`, and transport tuning for long fat pipes.
 
+mod budget;
 pub mod io;
 pub mod node;
+mod owner;
 pub mod pool_io;
 pub mod probe;
 pub mod query;
+mod requester;
+mod router;
 pub mod tls;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
-pub use node::{BlockCatalog, FetchReceipt, FetchSpec, PeerConfig, PeerNode, Served};
+pub use node::{BlockCatalog, PeerConfig, PeerNode, Served};
 pub use pool_io::PoolChunks;
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;
+pub use requester::{FetchReceipt, FetchSpec};
 pub use tls::{DevPki, RegionId, TlsIdentity, TrustPolicy};
 pub use transport::{Congestion, LinkTuning};

@@ -1,0 +1,217 @@
+//! The requester driver: `PeerNode::fetch` runs one `kvferry_wire::Requester` core over a
+//! cached connection. Reader tasks (the connection's [`crate::router`]) pull chunks off the
+//! streams into staging; this task feeds them to the core, lands each verified chunk through
+//! the [`ChunkSink`], sends what the core asks for, and wakes for the core's timer at
+//! [`Requester::poll_timeout`]. A lost connection resumes on a new one from the verified
+//! chunks, within the deadline.
+//!
+//! A fetch that returns `Ok` has landed every byte of every held block, each verified; the
+//! caller may mark those blocks valid then and only then. On `Err`, nothing is valid.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use kvferry_wire::frame::{BlockHash, FetchRequest, Frame};
+use kvferry_wire::{ChunkVerdict, Requester, RequesterConfig, State, WireError};
+use quinn::{Connection, VarInt};
+use tokio::sync::mpsc;
+
+use crate::io::{AbortOnDrop, ChunkSink, control_reader, from_conn_error, write_frame};
+use crate::node::PeerNode;
+use crate::tls::RegionId;
+
+/// One fetch's parameters.
+#[derive(Debug, Clone)]
+pub struct FetchSpec {
+    pub tenant: String,
+    pub fingerprint: [u8; 32],
+    pub hashes: Vec<BlockHash>,
+    pub layers: u32,
+    pub bytes_per_block_layer: u64,
+    pub deadline: Instant,
+}
+
+/// What a completed fetch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchReceipt {
+    /// Blocks landed and verified (a prefix of the requested ones).
+    pub blocks: u32,
+    /// Payload bytes landed.
+    pub bytes: u64,
+    /// From the call to the last landed byte.
+    pub wall: Duration,
+    /// Time until every chunk of the first layer group had verified.
+    pub first_layer: Option<Duration>,
+    /// Payload bits per second over the wall time.
+    pub goodput_bps: f64,
+    /// Connection RTT at the end.
+    pub rtt: Duration,
+    /// Connections lost and resumed.
+    pub reconnects: u32,
+    /// Chunks that failed verification and were fetched again.
+    pub chunks_refetched: u32,
+}
+
+impl PeerNode {
+    /// Fetches blocks from `peer` into `sink`. `Ok` means every held block landed verified.
+    pub async fn fetch(
+        &self,
+        peer: &RegionId,
+        addr: SocketAddr,
+        spec: FetchSpec,
+        sink: Arc<dyn ChunkSink>,
+    ) -> Result<FetchReceipt, WireError> {
+        let t0 = Instant::now();
+        let deadline_ns = spec.deadline.saturating_duration_since(t0).as_nanos() as u64;
+        let cfg = RequesterConfig {
+            layers: spec.layers,
+            bytes_per_block_layer: spec.bytes_per_block_layer,
+            chunk_target_bytes: self.cfg.chunk_target_bytes,
+            max_retries_per_chunk: 3,
+            deadline_ns,
+            missing_grace_ns: 2_000_000_000,
+            stall_timeout_ns: (self.cfg.tuning.idle_timeout.as_nanos() as u64).max(1_000_000_000),
+        };
+        let mut core = Requester::new(rand::random(), spec.tenant, spec.fingerprint, spec.hashes, cfg);
+        let mut stats = RunStats { t0, deadline: spec.deadline, ..RunStats::default() };
+        let mut request = core.request();
+        loop {
+            match self.run_fetch(peer, addr, &mut core, request, &sink, &mut stats).await {
+                Ok(conn) => {
+                    let wall = t0.elapsed();
+                    let bytes = core.verified_bytes();
+                    return Ok(FetchReceipt {
+                        blocks: core.valid_blocks(),
+                        bytes,
+                        wall,
+                        first_layer: stats.first_layer,
+                        goodput_bps: bytes as f64 * 8.0 / wall.as_secs_f64().max(1e-9),
+                        rtt: conn.rtt(),
+                        reconnects: stats.reconnects,
+                        chunks_refetched: stats.refetched,
+                    });
+                }
+                Err(e @ WireError::Connection(_)) => {
+                    tracing::info!(peer = %peer, error = %e, "connection lost mid-fetch; resuming");
+                    if let Ok(mut m) = self.conns.lock() {
+                        m.remove(peer);
+                    }
+                    request = core.on_connection_lost(ns_since(t0))?;
+                    stats.reconnects += 1;
+                    let backoff = Duration::from_millis(50 * u64::from(stats.reconnects.min(20)));
+                    tokio::time::sleep(backoff.min(spec.deadline.saturating_duration_since(Instant::now())))
+                        .await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn run_fetch(
+        &self,
+        peer: &RegionId,
+        addr: SocketAddr,
+        core: &mut Requester,
+        request: FetchRequest,
+        sink: &Arc<dyn ChunkSink>,
+        stats: &mut RunStats,
+    ) -> Result<Connection, WireError> {
+        let t0 = stats.t0;
+        let remaining = stats.deadline.saturating_duration_since(Instant::now());
+        let conn = tokio::time::timeout(remaining, self.connect(peer, addr))
+            .await
+            .map_err(|_| WireError::DeadlineExceeded)??;
+        let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
+
+        let (ctl_tx, mut ctl_rx) = mpsc::channel::<Result<Frame, WireError>>(16);
+        let ctl_task = tokio::spawn(control_reader(ctl_recv, ctl_tx));
+        let router = self
+            .routers
+            .lock()
+            .ok()
+            .and_then(|r| r.get(&conn.stable_id()).cloned())
+            .ok_or_else(|| WireError::Connection("connection has no stream router".into()))?;
+        // Register before asking, so the first chunk always finds its transfer.
+        let (mut chunk_rx, _registration) = router.register(core.transfer_id());
+        write_frame(&mut ctl_send, &Frame::Request(request)).await?;
+        let _guard = AbortOnDrop(vec![ctl_task.abort_handle()]);
+
+        let mut tick = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            tokio::select! {
+                msg = ctl_rx.recv() => match msg {
+                    Some(Ok(Frame::Manifest(m))) => core.on_manifest(ns_since(t0), &m)?,
+                    Some(Ok(Frame::Refusal(r))) => return Err(core.on_refusal(&r)),
+                    Some(Ok(Frame::Done(d))) => core.on_done(ns_since(t0), &d)?,
+                    Some(Ok(Frame::Cancel(c))) => return Err(core.cancel(&c.detail)),
+                    Some(Ok(other)) => return Err(core.cancel(&format!("unexpected frame {other:?}"))),
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(WireError::Connection("control stream closed".into())),
+                },
+                chunk = chunk_rx.recv() => match chunk {
+                    Some(Ok((h, payload, lease))) => {
+                        let verdict = core.on_chunk(ns_since(t0), &h, &payload);
+                        if let Err(WireError::TooManyRetries { .. }) = verdict {
+                            self.verify_failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                        match verdict? {
+                            ChunkVerdict::Land(spec) => {
+                                if let Err(e) = sink.land(spec, &payload).await {
+                                    return Err(core.cancel(&format!("landing failed: {e}")))
+                                        .map_err(|_| WireError::Local(e));
+                                }
+                                if stats.first_layer.is_none() && core.first_layer_verified() {
+                                    stats.first_layer = Some(t0.elapsed());
+                                }
+                            }
+                            ChunkVerdict::Corrupt { chunk } => {
+                                stats.refetched += 1;
+                                self.verify_failures.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(chunk, "chunk failed verification; refetching");
+                            }
+                            ChunkVerdict::Duplicate | ChunkVerdict::Ignored => {}
+                        }
+                        drop(lease);
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(WireError::Connection("chunk streams closed".into())),
+                },
+                _ = tick.tick() => {
+                    core.on_timer(ns_since(t0))?;
+                    if core.stalled(ns_since(t0)) {
+                        conn.close(VarInt::from_u32(2), b"stalled");
+                        return Err(WireError::Connection("transfer stalled".into()));
+                    }
+                }
+            }
+            while let Some(f) = core.poll_transmit() {
+                write_frame(&mut ctl_send, &f).await?;
+            }
+            if core.state() == State::Committed {
+                let _ = ctl_send.finish();
+                return Ok(conn);
+            }
+        }
+    }
+}
+
+struct RunStats {
+    t0: Instant,
+    deadline: Instant,
+    first_layer: Option<Duration>,
+    reconnects: u32,
+    refetched: u32,
+}
+
+impl Default for RunStats {
+    fn default() -> Self {
+        let now = Instant::now();
+        Self { t0: now, deadline: now, first_layer: None, reconnects: 0, refetched: 0 }
+    }
+}
+
+fn ns_since(t0: Instant) -> u64 {
+    t0.elapsed().as_nanos() as u64
+}
