@@ -361,7 +361,13 @@ impl PlanArgs {
 pub fn run(args: &PlanArgs) -> anyhow::Result<()> {
     let resolved = args.resolve()?;
     if args.sweep {
-        let out = sweep::run(&resolved, args.csv)?;
+        let inputs = sweep::SweepInputs {
+            scenario: resolved.scenario,
+            policy: resolved.policy,
+            prefix_given: resolved.prefix_given,
+            gbps_given: resolved.gbps_given,
+        };
+        let out = sweep::run(&inputs, args.csv)?;
         print!("{out}");
         return Ok(());
     }

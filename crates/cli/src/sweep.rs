@@ -4,14 +4,25 @@
 //! Pure formatting over [`kvferry_model::decide`]; the operator's own `--gbps` and
 //! `--prefix-tokens`, when given, are added to the grid and marked.
 
-use kvferry_model::{Action, Scenario, decide};
+use kvferry_model::{Action, Policy, Scenario, decide};
 
-use crate::plan::Resolved;
+/// What the sweep needs of the resolved flags (this module knows nothing of the flags, so it
+/// does not depend on `plan`).
+#[derive(Debug, Clone, Copy)]
+pub struct SweepInputs {
+    /// The operator's scenario: its prefix and link are the marked point of the grid.
+    pub scenario: Scenario,
+    pub policy: Policy,
+    /// Whether --prefix-tokens was given (then it joins the grid).
+    pub prefix_given: bool,
+    /// Whether --gbps was given (then it joins the grid).
+    pub gbps_given: bool,
+}
 
 const PREFIXES: [u64; 12] = [64, 128, 256, 512, 1024, 2048, 4096, 8192, 16_384, 32_768, 65_536, 131_072];
 const GBPS: [f64; 9] = [1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 200.0, 400.0];
 
-fn grid(r: &Resolved) -> (Vec<u64>, Vec<f64>) {
+fn grid(r: &SweepInputs) -> (Vec<u64>, Vec<f64>) {
     let mut prefixes = PREFIXES.to_vec();
     if r.prefix_given && !prefixes.contains(&r.scenario.prefix_tokens) {
         prefixes.push(r.scenario.prefix_tokens);
@@ -26,7 +37,7 @@ fn grid(r: &Resolved) -> (Vec<u64>, Vec<f64>) {
     (prefixes, gbps)
 }
 
-fn at(r: &Resolved, p: u64, gbps: f64) -> Scenario {
+fn at(r: &SweepInputs, p: u64, gbps: f64) -> Scenario {
     let mut s = r.scenario;
     s.prefix_tokens = p;
     s.link.goodput_gbps = gbps;
@@ -42,7 +53,7 @@ fn letter(a: Action) -> &'static str {
 }
 
 /// Renders the sweep.
-pub fn run(r: &Resolved, csv: bool) -> anyhow::Result<String> {
+pub fn run(r: &SweepInputs, csv: bool) -> anyhow::Result<String> {
     let (prefixes, gbps) = grid(r);
     let mut o = String::new();
     if csv {
