@@ -164,6 +164,7 @@ fn owner_main() {
         tuning: tuning(&name),
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
+        fetch: kvferry_peer::FetchPolicy::default(),
     };
     let node = rt.block_on(async { PeerNode::start(cfg, Arc::new(AnyCatalog(source))) }).expect("start");
     let mut out = std::io::stdout().lock();
@@ -404,6 +405,7 @@ fn run_config(rt: &tokio::runtime::Runtime, pki: &DevPki, config: &str, bytes: u
         tuning: tuning(config),
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
+        fetch: kvferry_peer::FetchPolicy::default(),
     };
     let catalog = Arc::new(AnyCatalog(Arc::new(MemSource { buf: Arc::new(Vec::new()), blocks: 0 })));
     let node = rt.block_on(async { PeerNode::start(cfg, catalog) }).expect("start requester");

@@ -14,7 +14,7 @@ pub mod tls;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
-pub use node::{BlockCatalog, PeerConfig, PeerNode, Served};
+pub use node::{BlockCatalog, FetchPolicy, PeerConfig, PeerNode, Served};
 pub use pool_io::PoolChunks;
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;

@@ -49,6 +49,28 @@ pub trait BlockCatalog: Send + Sync {
     fn open(&self, peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)>;
 }
 
+/// How a fetch rides out faults (policy; the mechanism is the requester driver's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FetchPolicy {
+    /// Re-fetches allowed per chunk after it failed verification.
+    pub max_retries_per_chunk: u32,
+    /// After the owner's `Done`, how long in-flight chunks may take before the missing ones
+    /// are asked for again (and again after each unanswered ask).
+    pub missing_grace: Duration,
+    /// Wait before resuming on a new connection, times the reconnects so far (at most 20).
+    pub reconnect_backoff: Duration,
+}
+
+impl Default for FetchPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries_per_chunk: 3,
+            missing_grace: Duration::from_secs(2),
+            reconnect_backoff: Duration::from_millis(50),
+        }
+    }
+}
+
 /// Configuration of a peer endpoint.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
@@ -60,6 +82,8 @@ pub struct PeerConfig {
     pub staging_bytes: usize,
     /// Chunk size asked for.
     pub chunk_target_bytes: u32,
+    /// Fault tolerance of fetches.
+    pub fetch: FetchPolicy,
 }
 
 /// A region's peer endpoint.

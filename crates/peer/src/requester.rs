@@ -69,9 +69,9 @@ impl PeerNode {
             layers: spec.layers,
             bytes_per_block_layer: spec.bytes_per_block_layer,
             chunk_target_bytes: self.cfg.chunk_target_bytes,
-            max_retries_per_chunk: 3,
+            max_retries_per_chunk: self.cfg.fetch.max_retries_per_chunk,
             deadline_ns,
-            missing_grace_ns: 2_000_000_000,
+            missing_grace_ns: self.cfg.fetch.missing_grace.as_nanos() as u64,
             stall_timeout_ns: (self.cfg.tuning.idle_timeout.as_nanos() as u64).max(1_000_000_000),
         };
         let mut core = Requester::new(rand::random(), spec.tenant, spec.fingerprint, spec.hashes, cfg);
@@ -100,7 +100,7 @@ impl PeerNode {
                     }
                     request = core.on_connection_lost(ns_since(t0))?;
                     stats.reconnects += 1;
-                    let backoff = Duration::from_millis(50 * u64::from(stats.reconnects.min(20)));
+                    let backoff = self.cfg.fetch.reconnect_backoff * stats.reconnects.min(20);
                     tokio::time::sleep(backoff.min(spec.deadline.saturating_duration_since(Instant::now())))
                         .await;
                 }

@@ -41,6 +41,7 @@ fn node(identity: TlsIdentity, pki: &DevPki, allowed: &[&str], catalog: Arc<NoBl
         },
         staging_bytes: 8 << 20,
         chunk_target_bytes: 4 << 20,
+        fetch: kvferry_peer::FetchPolicy::default(),
     };
     PeerNode::start(cfg, catalog).unwrap()
 }

@@ -119,6 +119,7 @@ fn node(
         },
         staging_bytes: staging,
         chunk_target_bytes: 4 << 20,
+        fetch: kvferry_peer::FetchPolicy::default(),
     };
     PeerNode::start(cfg, catalog).unwrap()
 }
