@@ -138,8 +138,9 @@ impl PeerNode {
         write_frame(&mut ctl_send, &Frame::Request(request)).await?;
         let _guard = AbortOnDrop(vec![ctl_task.abort_handle()]);
 
-        let mut tick = tokio::time::interval(Duration::from_millis(50));
         loop {
+            // The core's next timer; with none (the transfer ended) the loop ends below.
+            let due = core.poll_timeout().map_or(Duration::from_secs(86_400), Duration::from_nanos);
             tokio::select! {
                 msg = ctl_rx.recv() => match msg {
                     Some(Ok(Frame::Manifest(m))) => core.on_manifest(ns_since(t0), &m)?,
@@ -178,7 +179,7 @@ impl PeerNode {
                     Some(Err(e)) => return Err(e),
                     None => return Err(WireError::Connection("chunk streams closed".into())),
                 },
-                _ = tick.tick() => {
+                _ = tokio::time::sleep_until((t0 + due).into()) => {
                     core.on_timer(ns_since(t0))?;
                     if core.stalled(ns_since(t0)) {
                         conn.close(VarInt::from_u32(2), b"stalled");
