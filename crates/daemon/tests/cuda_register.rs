@@ -14,18 +14,18 @@
 //! without one.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::SocketAddr;
 use std::path::Path;
 
 use kvferry_daemon::{Config, Daemon};
 use kvferry_pool_cuda::{CudaIpcDescriptor, IPC_HANDLE_LEN, IpcRegion};
 use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::{
-    CudaIpcAccess, LookupRequest, PoolLayoutSpec, PrefillProfile, RegisterPoolRequest, ShmAccess,
-    register_pool_request,
+    CudaIpcAccess, LookupRequest, RegisterPoolRequest, ShmAccess, register_pool_request,
 };
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
+
+mod common;
 
 const MODEL: &str = "model-cuda-test";
 
@@ -34,57 +34,22 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
-fn spec() -> PoolLayoutSpec {
-    PoolLayoutSpec {
-        kind: "vllm_flash_attn_nhd".into(),
-        layers: 2,
-        kv_heads: 2,
-        head_dim: 32,
-        block_size: 16,
-        num_blocks: 8,
-        dtype: "f32".into(),
-    }
-}
-
-fn region_lens() -> Vec<u64> {
-    kvferry_daemon::engine_api::layout_of(&spec()).unwrap().region_lens().to_vec()
-}
-
 async fn start_daemon(dir: &Path) -> (Daemon, Config) {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut cfg = Config { run_dir: dir.join("run"), ..Config::default() };
-    cfg.tls.dev_dir = dir.join("dev-ca");
-    cfg.listen.grpc = any;
-    cfg.listen.http = any;
-    cfg.listen.peer = any;
-    let daemon = Daemon::start(cfg.clone()).await.unwrap();
-    (daemon, cfg)
+    let cfg = common::config(dir, "region-a");
+    (common::start(&cfg).await, cfg)
 }
 
 async fn connect(path: &Path) -> EngineClient<Channel> {
-    let path = path.to_owned();
-    let ch = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap();
-    EngineClient::new(ch)
+    EngineClient::new(kvferry_engine_node::daemon::connect_uds(path).await.unwrap())
 }
 
 fn request(engine: &str, access: register_pool_request::Access) -> RegisterPoolRequest {
     RegisterPoolRequest {
         engine_id: engine.into(),
         model_id: MODEL.into(),
-        layout: Some(spec()),
+        layout: Some(common::spec()),
         access: Some(access),
-        profile: Some(PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }),
+        profile: Some(common::profile()),
     }
 }
 
@@ -113,7 +78,7 @@ async fn bad_cuda_descriptors_get_typed_errors_and_the_daemon_keeps_serving() {
     let (daemon, cfg) = start_daemon(dir.path()).await;
     let mut client = connect(&cfg.engine_socket()).await;
 
-    let lens = region_lens();
+    let lens = common::region_lens();
     assert!(lens.len() >= 2, "the test layout has several regions");
     let good = plausible_descriptor(&lens);
     let good_json = serde_json::to_string(&good).unwrap();
@@ -186,7 +151,7 @@ async fn bad_cuda_descriptors_get_typed_errors_and_the_daemon_keeps_serving() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
-    let layout = kvferry_daemon::engine_api::layout_of(&spec()).unwrap();
+    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
     let shm = kvferry_engine_sdk::ShmPool::create(layout).unwrap();
     let stream = shm.connect_and_share(cfg.pool_socket(), MODEL).unwrap();
     let mut line = String::new();
@@ -231,7 +196,8 @@ mod gpu {
     use kvferry_pool_cuda::{CudaIpcDescriptor, EnginePool, unavailable_reason};
     use tonic::Code;
 
-    use super::{connect, cuda, region_lens, request, say, start_daemon};
+    use super::{connect, cuda, request, say, start_daemon};
+    use crate::common::region_lens;
 
     const CHILD_ENV: &str = "KVFERRY_DAEMON_CUDA_ENGINE_CHILD";
 

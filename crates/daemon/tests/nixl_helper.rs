@@ -9,96 +9,22 @@
 //! Needs NIXL (`source deploy/install-nixl.sh`) and the `kvferry-nixl-engine` binary next to the
 //! test binary's directory (a workspace build has it).
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use kvferry_daemon::{Config, Daemon};
-use kvferry_pool_nixl::{MemKind, NixlPoolExport, NixlRegion};
 use kvferry_proto::v1::engine_client::EngineClient;
-use kvferry_proto::v1::{
-    EngineEvent, LookupRequest, NixlAccess, PoolLayoutSpec, PrefillProfile, RegisterPoolRequest,
-    register_pool_request,
-};
+use kvferry_proto::v1::{EngineEvent, LookupRequest};
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 
-fn spec() -> PoolLayoutSpec {
-    PoolLayoutSpec {
-        kind: "vllm_flash_attn_nhd".into(),
-        layers: 2,
-        kv_heads: 2,
-        head_dim: 32,
-        block_size: 16,
-        num_blocks: 8,
-        dtype: "f32".into(),
-    }
-}
+mod common;
 
-async fn connect(path: &Path) -> EngineClient<Channel> {
-    let path = path.to_owned();
-    let ch = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap();
-    EngineClient::new(ch)
-}
-
-fn request(engine: &str, descriptor_json: Vec<u8>) -> RegisterPoolRequest {
-    RegisterPoolRequest {
-        engine_id: engine.into(),
-        model_id: "model-nixl-test".into(),
-        layout: Some(spec()),
-        access: Some(register_pool_request::Access::Nixl(NixlAccess { descriptor_json })),
-        profile: Some(PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }),
-    }
-}
-
-/// Host memory registered with an engine-side NIXL agent; the export is dropped first.
-struct EnginePool {
-    export: Option<NixlPoolExport>,
-    /// The registered memory, kept alive until the export is dropped.
-    _regions: Vec<Vec<u8>>,
-}
-
-impl Drop for EnginePool {
-    fn drop(&mut self) {
-        self.export.take();
-    }
-}
-
-fn engine_pool(lens: &[u64]) -> EnginePool {
-    let mut export = NixlPoolExport::new(&format!("kvferry-test-engine-{}", std::process::id()))
-        .unwrap_or_else(|e| panic!("NIXL is required: `source deploy/install-nixl.sh` first ({e})"));
-    let mut regions: Vec<Vec<u8>> =
-        lens.iter().enumerate().map(|(i, &l)| vec![i as u8 + 1; l as usize]).collect();
-    for r in &mut regions {
-        let region =
-            NixlRegion { addr: r.as_mut_ptr() as u64, len: r.len() as u64, mem_type: MemKind::Dram, dev: 0 };
-        // SAFETY: the Vec's heap buffer is plain host memory of exactly that length; it is
-        // never reallocated, and `EnginePool::drop` drops the export (deregistering) before the
-        // Vecs are freed. The test reads the Vecs only while no transfer is in flight.
-        unsafe { export.register(region) }.unwrap();
-    }
-    EnginePool { export: Some(export), _regions: regions }
-}
+use common::nixl::{engine_pool, request};
 
 async fn start(dir: &Path) -> (Daemon, Config) {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut cfg = Config { run_dir: dir.join("run"), ..Config::default() };
-    cfg.tls.dev_dir = dir.join("dev-ca");
-    cfg.listen.grpc = any;
-    cfg.listen.http = any;
-    cfg.listen.peer = any;
+    let mut cfg = common::config(dir, "region-a");
     cfg.limits.attach_grace_ms = 3_000;
-    (Daemon::start(cfg.clone()).await.unwrap(), cfg)
+    (common::start(&cfg).await, cfg)
 }
 
 const POOLS: usize = 4;
@@ -154,7 +80,7 @@ fn engine_proc(lens: &[u64], tag: &str) -> EngineProc {
 }
 
 async fn stress_round(daemon: &Daemon, client: &EngineClient<Channel>, round: usize) {
-    let lens = kvferry_daemon::engine_api::layout_of(&spec()).unwrap().region_lens().to_vec();
+    let lens = common::region_lens();
     let engines: Vec<EngineProc> =
         (0..POOLS).map(|i| engine_proc(&lens, &format!("r{round}-p{i}"))).collect();
     // Register every pool at the same time.
@@ -240,7 +166,7 @@ async fn hold_lease(client: &EngineClient<Channel>, lease: &str) -> tokio::sync:
 async fn nixl_helpers_under_concurrency_and_failure() {
     let dir = tempfile::tempdir().unwrap();
     let (daemon, cfg) = start(dir.path()).await;
-    let client = connect(&cfg.engine_socket()).await;
+    let client = common::engine_client(&cfg).await;
 
     let rounds: usize =
         std::env::var("KVFERRY_NIXL_STRESS_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
@@ -253,7 +179,7 @@ async fn nixl_helpers_under_concurrency_and_failure() {
         t.elapsed()
     );
 
-    let lens = kvferry_daemon::engine_api::layout_of(&spec()).unwrap().region_lens().to_vec();
+    let lens = common::region_lens();
     let pool = engine_pool(&lens);
     let json = pool.export.as_ref().unwrap().descriptor().unwrap().to_json().into_bytes();
     let mut c = client.clone();

@@ -6,98 +6,22 @@
 //! Needs NIXL (`source deploy/install-nixl.sh`); without it the test fails with instructions,
 //! as crates/pool-nixl's tests do.
 
-use std::net::SocketAddr;
-use std::path::Path;
-
-use kvferry_daemon::{Config, Daemon};
-use kvferry_pool_nixl::{MemKind, NixlPoolDescriptor, NixlPoolExport, NixlRegion};
-use kvferry_proto::v1::engine_client::EngineClient;
-use kvferry_proto::v1::{
-    LookupRequest, NixlAccess, PoolLayoutSpec, PrefillProfile, RegisterPoolRequest, register_pool_request,
-};
+use kvferry_pool_nixl::NixlPoolDescriptor;
+use kvferry_proto::v1::LookupRequest;
 use tonic::Code;
-use tonic::transport::{Channel, Endpoint, Uri};
 
-fn spec() -> PoolLayoutSpec {
-    PoolLayoutSpec {
-        kind: "vllm_flash_attn_nhd".into(),
-        layers: 2,
-        kv_heads: 2,
-        head_dim: 32,
-        block_size: 16,
-        num_blocks: 8,
-        dtype: "f32".into(),
-    }
-}
+mod common;
 
-async fn connect(path: &Path) -> EngineClient<Channel> {
-    let path = path.to_owned();
-    let ch = Endpoint::try_from("http://[::]:50051")
-        .unwrap()
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                    tokio::net::UnixStream::connect(path).await?,
-                ))
-            }
-        }))
-        .await
-        .unwrap();
-    EngineClient::new(ch)
-}
-
-fn request(engine: &str, descriptor_json: Vec<u8>) -> RegisterPoolRequest {
-    RegisterPoolRequest {
-        engine_id: engine.into(),
-        model_id: "model-nixl-test".into(),
-        layout: Some(spec()),
-        access: Some(register_pool_request::Access::Nixl(NixlAccess { descriptor_json })),
-        profile: Some(PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }),
-    }
-}
-
-/// Host memory registered with an engine-side NIXL agent; the export is dropped first.
-struct EnginePool {
-    export: Option<NixlPoolExport>,
-    regions: Vec<Vec<u8>>,
-}
-
-impl Drop for EnginePool {
-    fn drop(&mut self) {
-        self.export.take();
-    }
-}
-
-fn engine_pool(lens: &[u64]) -> EnginePool {
-    let mut export = NixlPoolExport::new(&format!("kvferry-test-engine-{}", std::process::id()))
-        .unwrap_or_else(|e| panic!("NIXL is required: `source deploy/install-nixl.sh` first ({e})"));
-    let mut regions: Vec<Vec<u8>> =
-        lens.iter().enumerate().map(|(i, &l)| vec![i as u8 + 1; l as usize]).collect();
-    for r in &mut regions {
-        let region =
-            NixlRegion { addr: r.as_mut_ptr() as u64, len: r.len() as u64, mem_type: MemKind::Dram, dev: 0 };
-        // SAFETY: the Vec's heap buffer is plain host memory of exactly that length; it is
-        // never reallocated, and `EnginePool::drop` drops the export (deregistering) before the
-        // Vecs are freed. The test reads the Vecs only while no transfer is in flight.
-        unsafe { export.register(region) }.unwrap();
-    }
-    EnginePool { export: Some(export), regions }
-}
+use common::nixl::{engine_pool, request};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_nixl_descriptors_get_typed_errors_and_the_daemon_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut cfg = Config { run_dir: dir.path().join("run"), ..Config::default() };
-    cfg.tls.dev_dir = dir.path().join("dev-ca");
-    cfg.listen.grpc = any;
-    cfg.listen.http = any;
-    cfg.listen.peer = any;
-    let daemon = Daemon::start(cfg.clone()).await.unwrap();
-    let mut client = connect(&cfg.engine_socket()).await;
+    let cfg = common::config(dir.path(), "region-a");
+    let daemon = common::start(&cfg).await;
+    let mut client = common::engine_client(&cfg).await;
 
-    let lens = kvferry_daemon::engine_api::layout_of(&spec()).unwrap().region_lens().to_vec();
+    let lens = common::region_lens();
     let pool = engine_pool(&lens);
     let good = pool.export.as_ref().unwrap().descriptor().unwrap();
     let good_json = good.to_json();

@@ -7,19 +7,16 @@ use std::time::{Duration, Instant};
 
 use kvferry_daemon::config::Peer;
 use kvferry_daemon::{Config, Daemon};
-use kvferry_engine_node::daemon::{EventSink, Registration, connect_uds, register, share_pool};
+use kvferry_engine_node::daemon::{EventSink, Registration, register, share_pool};
 use kvferry_engine_sdk::ShmPool;
-use kvferry_proto::v1::engine_client::EngineClient;
-use kvferry_proto::v1::{PoolLayoutSpec, PrefillProfile, ShmAccess, register_pool_request};
+use kvferry_proto::v1::{ShmAccess, register_pool_request};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+mod common;
+
 fn config(dir: &std::path::Path, region: &str, peers: Vec<Peer>) -> Config {
-    let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut cfg = Config { region: region.into(), run_dir: dir.join(region), peers, ..Config::default() };
-    cfg.tls.dev_dir = dir.join("dev-ca");
-    (cfg.listen.grpc, cfg.listen.http, cfg.listen.peer) = (any, any, any);
-    cfg
+    Config { peers, ..common::config(dir, region) }
 }
 
 fn peer(region: &str, addr: SocketAddr) -> Peer {
@@ -34,18 +31,6 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     s.read_to_string(&mut out).await.unwrap();
     let code = out.split_whitespace().nth(1).unwrap().parse().unwrap();
     (code, out.split_once("\r\n\r\n").unwrap().1.to_owned())
-}
-
-fn spec() -> PoolLayoutSpec {
-    PoolLayoutSpec {
-        kind: "vllm_flash_attn_nhd".into(),
-        layers: 2,
-        kv_heads: 2,
-        head_dim: 32,
-        block_size: 16,
-        num_blocks: 8,
-        dtype: "f32".into(),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -70,18 +55,18 @@ async fn readiness_reports_listeners_engines_and_peers_separately() {
     assert!(t0.elapsed() < Duration::from_secs(5), "the dial is bounded: {:?}", t0.elapsed());
 
     // An engine registers a shm pool and attaches: the engines check passes.
-    let layout = kvferry_daemon::engine_api::layout_of(&spec()).unwrap();
+    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
     let pool = ShmPool::create(layout).unwrap();
     let run_dir = b.shared.config.run_dir.clone();
     let (token, _pool_stream) =
         tokio::task::block_in_place(|| share_pool(&run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
-    let mut client = EngineClient::new(connect_uds(&b.shared.config.engine_socket()).await.unwrap());
+    let mut client = common::engine_client(&b.shared.config).await;
     let reg = Registration {
         engine_id: "e0".into(),
         model_id: "m".into(),
-        layout: spec(),
+        layout: common::spec(),
         access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
-        profile: Some(PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }),
+        profile: Some(common::profile()),
     };
     let lease = register(&mut client, &reg).await.unwrap().lease_id;
     let (code, body) = get(b.http_addr, "/readyz/engines").await;
