@@ -80,17 +80,24 @@ struct Region {
 }
 
 fn config(me: &Region, other: &Region, dev_dir: &Path) -> String {
-    format!(
-        "region = \"{}\"\ntrust_domain = \"kvferry.demo\"\nrun_dir = \"{}\"\n\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = 10.0\nrtt_ms = 1.0\n\n[limits]\nstaging_bytes = 67108864\nlanding_zone_bytes = 268435456\n",
-        me.name,
-        me.dir.display(),
-        me.grpc,
-        me.peer,
-        me.http,
-        dev_dir.display(),
-        other.name,
-        other.peer
-    )
+    let mut cfg = kvferry_daemon::Config {
+        region: me.name.into(),
+        trust_domain: "kvferry.demo".into(),
+        run_dir: me.dir.clone(),
+        peers: vec![kvferry_daemon::config::Peer {
+            region: other.name.into(),
+            addr: other.peer,
+            gbps: 10.0,
+            rtt_ms: 1.0,
+            max_egress_gbps: 0.0,
+        }],
+        ..kvferry_daemon::Config::default()
+    };
+    cfg.listen = kvferry_daemon::config::Listen { grpc: me.grpc, peer: me.peer, http: me.http };
+    cfg.tls.dev_dir = dev_dir.to_owned();
+    cfg.limits.staging_bytes = 64 << 20;
+    cfg.limits.landing_zone_bytes = 256 << 20;
+    cfg.to_toml()
 }
 
 fn spawn(procs: &mut Procs, name: &str, log: &Path, args: &[&str]) -> anyhow::Result<()> {

@@ -32,7 +32,7 @@ async fn fetch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_chain_served_in_full_under_pool_pressure_is_hinted_for_eviction() {
     let a = RegionSpec {
-        tail: "[policy]\neviction_hint_pool_use = 0.5\n".into(),
+        configure: Some(|c| c.policy.eviction_hint_pool_use = 0.5),
         engine_args: vec!["--num-blocks".into(), "64".into()],
         ..Default::default()
     };

@@ -39,15 +39,18 @@ fn router_api_requires_a_client_certificate_from_the_router_ca() {
     let run = root.path().join("run");
     std::fs::create_dir_all(&run).unwrap();
     let grpc = free_tcp();
-    let cfg = format!(
-        "region = \"region-a\"\ntrust_domain = \"kvferry.e2e\"\nrun_dir = \"{}\"\n[listen]\ngrpc = \"{grpc}\"\npeer = \"{}\"\nhttp = \"{}\"\n[auth]\nbearer_token = \"s3cret\"\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n[router_tls]\nmode = \"dev\"\n",
-        run.display(),
-        free_udp(),
-        free_tcp(),
-        dev.display()
-    );
+    let mut cfg = kvferry_daemon::Config {
+        region: "region-a".into(),
+        trust_domain: "kvferry.e2e".into(),
+        run_dir: run.clone(),
+        ..kvferry_daemon::Config::default()
+    };
+    cfg.listen = kvferry_daemon::config::Listen { grpc, peer: free_udp(), http: free_tcp() };
+    cfg.auth.bearer_token = "s3cret".into();
+    cfg.tls.dev_dir = dev.clone();
+    cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Dev;
     let path = root.path().join("kvferry.toml");
-    std::fs::write(&path, cfg).unwrap();
+    std::fs::write(&path, cfg.to_toml()).unwrap();
     let mut procs = vec![(
         "daemon".to_owned(),
         spawn(&root.path().join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),

@@ -14,9 +14,9 @@ use kvferry_proto::v1::{GetLinksRequest, PolicyMode, migration_event};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn source_killed_mid_fetch_falls_back_to_recompute() {
-    let a = RegionSpec { peer_extra: "max_egress_gbps = 0.002".into(), ..Default::default() };
+    let a = RegionSpec { configure: Some(|c| c.peers[0].max_egress_gbps = 0.002), ..Default::default() };
     let b = RegionSpec {
-        tail: "[transfer]\nchunk_bytes = 65536\nidle_timeout_ms = 1000\n".into(),
+        configure: Some(|c| (c.transfer.chunk_bytes, c.transfer.idle_timeout_ms) = (65_536, 1_000)),
         ..Default::default()
     };
     let mut cl = Cluster::start([a, b]);

@@ -1,6 +1,6 @@
 //! A two-region cluster of real processes (two `kvferry daemon`s, two `kvferry engine`s on
-//! loopback), configurable per region, for the integration tests beside `e2e.rs`: extra daemon
-//! TOML per region (appended to the generated config), extra engine flags per region.
+//! loopback), configurable per region, for the CLI's integration tests: a change to each
+//! daemon's [`Config`] (written out with `Config::to_toml`), extra engine flags per region.
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kvferry_daemon::Config;
+use kvferry_daemon::config::{Listen, Peer};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{GenerateRequest, GenerateResponse, MigrateSessionRequest, Policy, PolicyMode};
@@ -19,10 +21,9 @@ pub const NAMES: [&str; 2] = ["region-a", "region-b"];
 /// Per-region knobs.
 #[derive(Debug, Default, Clone)]
 pub struct RegionSpec {
-    /// TOML appended to the daemon's `[[peers]]` entry (keys of that entry).
-    pub peer_extra: String,
-    /// TOML appended after everything else (whole tables, e.g. `[transfer]`).
-    pub tail: String,
+    /// Applied to the daemon's config after the cluster's own settings (its one peer is
+    /// `peers[0]`).
+    pub configure: Option<fn(&mut Config)>,
     /// Extra `kvferry engine` flags (after the defaults; clap takes the last value).
     pub engine_args: Vec<String>,
     /// Start no engine in this region.
@@ -115,21 +116,28 @@ impl Cluster {
         for i in 0..2 {
             let dir = root.path().join(NAMES[i]);
             std::fs::create_dir_all(&dir).unwrap();
-            let cfg = format!(
-                "region = \"{}\"\ntrust_domain = \"kvferry.e2e\"\nrun_dir = \"{}\"\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = 10.0\nrtt_ms = 1.0\n{}\n[limits]\nstaging_bytes = 33554432\nlanding_zone_bytes = 268435456\nmax_tokens = 65536\n{}\n",
-                NAMES[i],
-                dir.display(),
-                grpc[i],
-                peer[i],
-                http[i],
-                dev.display(),
-                NAMES[1 - i],
-                peer[1 - i],
-                specs[i].peer_extra,
-                specs[i].tail,
-            );
+            let mut cfg = Config {
+                region: NAMES[i].into(),
+                trust_domain: "kvferry.e2e".into(),
+                run_dir: dir.clone(),
+                listen: Listen { grpc: grpc[i], peer: peer[i], http: http[i] },
+                peers: vec![Peer {
+                    region: NAMES[1 - i].into(),
+                    addr: peer[1 - i],
+                    gbps: 10.0,
+                    rtt_ms: 1.0,
+                    max_egress_gbps: 0.0,
+                }],
+                ..Config::default()
+            };
+            cfg.tls.dev_dir = dev.clone();
+            (cfg.limits.staging_bytes, cfg.limits.landing_zone_bytes, cfg.limits.max_tokens) =
+                (32 << 20, 256 << 20, 65_536);
+            if let Some(f) = specs[i].configure {
+                f(&mut cfg);
+            }
             let path = dir.join("kvferry.toml");
-            std::fs::write(&path, cfg).unwrap();
+            std::fs::write(&path, cfg.to_toml()).unwrap();
             procs.push((
                 format!("daemon {}", NAMES[i]),
                 spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
@@ -175,19 +183,7 @@ impl Cluster {
     }
 
     pub async fn engine(&self, i: usize) -> ReferenceEngineClient<Channel> {
-        let sock = self.dir(i).join("ctl.sock");
-        let ch = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let sock = sock.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(sock).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
+        let ch = kvferry_engine_node::daemon::connect_uds(&self.dir(i).join("ctl.sock")).await.unwrap();
         ReferenceEngineClient::new(ch)
     }
 
