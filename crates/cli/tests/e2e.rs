@@ -2,215 +2,20 @@
 //! daemon`s and two `kvferry engine`s on loopback (real QUIC + mutual TLS between the daemons,
 //! real shared-memory pools, real gRPC). One cluster serves the phases in order; each phase
 //! states what it proves. A second cluster runs region B's engine with a NIXL-registered pool.
+//! The cluster is `tests/common` (the one fixture the CLI's process tests share).
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::{Cluster, RegionSpec, TENANT, generate, request, tokens};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{
-    Action, Decision, GenerateRequest, GenerateResponse, GetLinksRequest, MigrateSessionRequest, Policy,
-    PolicyMode, Receipt, migration_event,
+    Action, Decision, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode, Receipt, migration_event,
 };
-use tonic::transport::{Channel, Endpoint};
-
-const TENANT: &str = "tenant-e2e";
-
-struct Cluster {
-    root: tempfile::TempDir,
-    procs: Vec<(String, Child)>,
-    grpc: [SocketAddr; 2],
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for (_, c) in &mut self.procs {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn free_tcp() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn spawn(log: &Path, args: &[&str]) -> Child {
-    let out = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_kvferry"))
-        .args(args)
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .unwrap()
-}
-
-fn wait_file(p: &Path, what: &str, procs: &mut [(String, Child)]) {
-    let t = Instant::now();
-    while !p.exists() {
-        for (name, c) in procs.iter_mut() {
-            if let Ok(Some(s)) = c.try_wait() {
-                panic!("{name} exited ({s}) while waiting for {what}");
-            }
-        }
-        assert!(t.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-impl Cluster {
-    fn dir(&self, i: usize) -> PathBuf {
-        self.root.path().join(["region-a", "region-b"][i])
-    }
-
-    fn start() -> Self {
-        Self::start_with_b_args(&[])
-    }
-
-    /// Like [`Cluster::start`], with `b_engine_args` appended to region B's engine command.
-    fn start_with_b_args(b_engine_args: &[&str]) -> Self {
-        let root = tempfile::Builder::new().prefix("kvferry-e2e-").tempdir().unwrap();
-        let names = ["region-a", "region-b"];
-        let grpc = [free_tcp(), free_tcp()];
-        let peer = [free_udp(), free_udp()];
-        let dev = root.path().join("dev-ca");
-        kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
-        let mut procs = Vec::new();
-        for i in 0..2 {
-            let dir = root.path().join(names[i]);
-            std::fs::create_dir_all(&dir).unwrap();
-            let cfg = format!(
-                "region = \"{}\"\ntrust_domain = \"kvferry.e2e\"\nrun_dir = \"{}\"\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = 10.0\nrtt_ms = 1.0\n[limits]\nstaging_bytes = 33554432\nlanding_zone_bytes = 268435456\nmax_tokens = 65536\n",
-                names[i],
-                dir.display(),
-                grpc[i],
-                peer[i],
-                free_tcp(),
-                dev.display(),
-                names[1 - i],
-                peer[1 - i]
-            );
-            let path = dir.join("kvferry.toml");
-            std::fs::write(&path, cfg).unwrap();
-            procs.push((
-                format!("daemon {}", names[i]),
-                spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
-            ));
-        }
-        for (i, name) in names.into_iter().enumerate() {
-            let dir = root.path().join(name);
-            wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
-            let ctl = dir.join("ctl.sock");
-            let id = format!("engine-{}", &name[7..]);
-            let extra: &[&str] = if i == 1 { b_engine_args } else { &[] };
-            procs.push((
-                id.clone(),
-                spawn(
-                    &dir.join("engine.log"),
-                    &[
-                        "engine",
-                        "--run-dir",
-                        dir.to_str().unwrap(),
-                        "--engine-id",
-                        &id,
-                        "--control",
-                        ctl.to_str().unwrap(),
-                        "--layers",
-                        "2",
-                        "--hidden",
-                        "128",
-                        "--heads",
-                        "4",
-                        "--kv-heads",
-                        "2",
-                        "--head-dim",
-                        "32",
-                        "--ffn",
-                        "256",
-                        "--vocab",
-                        "512",
-                        "--num-blocks",
-                        "2048",
-                    ]
-                    .into_iter()
-                    .chain(extra.iter().copied())
-                    .collect::<Vec<_>>(),
-                ),
-            ));
-        }
-        for name in names {
-            wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
-        }
-        Self { root, procs, grpc }
-    }
-
-    async fn router(&self, i: usize) -> MigrationClient<Channel> {
-        let ch = Endpoint::from_shared(format!("http://{}", self.grpc[i])).unwrap().connect().await.unwrap();
-        MigrationClient::new(ch)
-    }
-
-    async fn engine(&self, i: usize) -> ReferenceEngineClient<Channel> {
-        let sock = self.dir(i).join("ctl.sock");
-        let ch = Endpoint::try_from("http://[::]:50051")
-            .unwrap()
-            .connect_with_connector(tower::service_fn(move |_| {
-                let sock = sock.clone();
-                async move {
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(
-                        tokio::net::UnixStream::connect(sock).await?,
-                    ))
-                }
-            }))
-            .await
-            .unwrap();
-        ReferenceEngineClient::new(ch)
-    }
-
-    fn kill(&mut self, name: &str) {
-        for (n, c) in &mut self.procs {
-            if n == name {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-}
-
-fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 512) as u32
-        })
-        .collect()
-}
-
-async fn generate(c: &mut ReferenceEngineClient<Channel>, t: &[u32], use_cache: bool) -> GenerateResponse {
-    c.generate(GenerateRequest { tenant: TENANT.into(), token_ids: t.to_vec(), max_new_tokens: 4, use_cache })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequest {
-    MigrateSessionRequest {
-        session_id: session.into(),
-        tenant: TENANT.into(),
-        token_ids: t.to_vec(),
-        source_region: "region-a".into(),
-        deadline_ms: 30_000,
-        policy: Some(Policy { mode: mode as i32, allow_split: false, max_egress_bytes: 0 }),
-        ..Default::default()
-    }
-}
+use tonic::transport::Channel;
 
 async fn migrate(c: &mut MigrationClient<Channel>, req: MigrateSessionRequest) -> (Decision, Receipt) {
     let mut s = c.migrate_session(req).await.unwrap().into_inner();
@@ -245,7 +50,7 @@ async fn assert_warm_equals_cold(b: &mut ReferenceEngineClient<Channel>, convo: 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_regions_end_to_end() {
-    let mut cl = Cluster::start();
+    let mut cl = Cluster::start(Default::default());
     let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
     let mut router_b = cl.router(1).await;
 
@@ -434,7 +239,10 @@ async fn nixl_pool_end_to_end() {
     if let Err(e) = kvferry_pool_nixl::ensure_nixl() {
         panic!("this test needs NIXL: run `source deploy/install-nixl.sh` first ({e})");
     }
-    let cl = Cluster::start_with_b_args(&["--pool", "nixl"]);
+    let cl = Cluster::start([
+        RegionSpec::default(),
+        RegionSpec { engine_args: vec!["--pool".into(), "nixl".into()], ..Default::default() },
+    ]);
     let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
     let (mut router_a, mut router_b) = (cl.router(0).await, cl.router(1).await);
     let log = std::fs::read_to_string(cl.dir(1).join("daemon.log")).unwrap();
@@ -482,7 +290,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "a benchmark; run explicitly"]
 async fn plan_migration_latency() {
-    let cl = Cluster::start();
+    let cl = Cluster::start(Default::default());
     let mut a = cl.engine(0).await;
     let mut b = cl.engine(1).await;
     let mut router = cl.router(1).await;
