@@ -17,17 +17,9 @@ pub const TENANT: &str = "tenant-bench";
 /// The reference engine's default vocabulary.
 pub const VOCAB: u32 = 1024;
 
-/// `n` pseudo-random token ids (xorshift; `seed` picks the conversation).
+/// `n` token ids of the reference engine's vocabulary (`seed` picks the conversation).
 pub fn prompt(n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % u64::from(VOCAB)) as u32
-        })
-        .collect()
+    kvferry_engine_node::prompt(n, VOCAB, seed)
 }
 
 fn request(session: &str, tokens: &[u32], mode: PolicyMode, allow_split: bool) -> MigrateSessionRequest {

@@ -148,18 +148,6 @@ async fn generate(
     Ok(c.generate(req).await?.into_inner())
 }
 
-fn prompt(n: usize, vocab: u32, seed: u64) -> Vec<u32> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % u64::from(vocab)) as u32
-        })
-        .collect()
-}
-
 /// Runs the demo.
 pub async fn run(a: &DemoArgs) -> anyhow::Result<()> {
     let tmp = tempfile::Builder::new().prefix("kvferry-demo-").tempdir()?;
@@ -233,7 +221,7 @@ async fn demo_body(a: &DemoArgs, regions: &[Region], procs: &mut Procs) -> anyho
     let mut eng_b = engine_client(regions[1].dir.join("engine-ctl.sock")).await?;
 
     // A conversation in region A: a long prompt, then a reply.
-    let mut convo = prompt(a.prompt_tokens, 1024, 0x5EED);
+    let mut convo = kvferry_engine_node::prompt(a.prompt_tokens, 1024, 0x5EED);
     let turn1 = generate(&mut eng_a, &convo, a.new_tokens, true).await?;
     convo.extend(&turn1.new_tokens);
     println!(
@@ -272,7 +260,7 @@ async fn demo_body(a: &DemoArgs, regions: &[Region], procs: &mut Procs) -> anyho
     println!("{}", indent(&crate::report::receipt(&receipt)));
 
     // The next turn, in region B: with the migrated prefix, and from scratch.
-    let user_turn = prompt(24, 1024, 0xBEEF);
+    let user_turn = kvferry_engine_node::prompt(24, 1024, 0xBEEF);
     let mut turn2_prompt = convo.clone();
     turn2_prompt.extend(&user_turn);
     let warm = generate(&mut eng_b, &turn2_prompt, a.new_tokens, true).await?;

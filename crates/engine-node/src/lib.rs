@@ -21,6 +21,7 @@ pub mod daemon;
 pub mod error;
 pub mod memory;
 pub mod node;
+pub mod prompt;
 mod service;
 pub mod worker;
 
@@ -29,4 +30,5 @@ pub use config::{EngineArgs, KvDtypeArg, NodeConfig, PoolAccess, default_model};
 pub use error::NodeError;
 pub use memory::ShmKvMemory;
 pub use node::{EngineNode, NodeInfo, build_engine, nixl_agent_name, run};
+pub use prompt::prompt;
 pub use service::ControlService;

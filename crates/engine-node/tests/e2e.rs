@@ -61,7 +61,7 @@ async fn generate(
 }
 
 fn prompt(n: usize, salt: u32) -> Vec<u32> {
-    (0..n as u32).map(|i| (i.wrapping_mul(2_654_435_761) ^ salt) % 256).collect()
+    kvferry_engine_node::prompt(n, 256, u64::from(salt))
 }
 
 fn stored_blocks(calls: &[Call], lease: &str) -> usize {

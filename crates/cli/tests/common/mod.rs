@@ -219,16 +219,9 @@ pub fn metric(text: &str, sample: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {sample} in:\n{text}"))
 }
 
+/// `n` prompt tokens in the e2e model's vocabulary.
 pub fn tokens(n: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x % 512) as u32
-        })
-        .collect()
+    kvferry_engine_node::prompt(n, 512, seed)
 }
 
 pub async fn generate(
