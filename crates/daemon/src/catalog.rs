@@ -18,6 +18,7 @@ use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use crate::blockbuf::BlockShape;
 use crate::landing::{Landed, LandingZone};
 use crate::registry::{Held, Registry};
+use kvferry_pool::sync::LockExt;
 
 /// Serves peers from the engines' pools and the landing zone.
 #[derive(Debug)]
@@ -101,11 +102,11 @@ impl ChunkSource for HintWhenServed {
     fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
         Box::pin(async move {
             let out = self.inner.read(spec).await?;
-            if let Ok(mut g) = self.read.lock()
-                && g.0.insert(spec.id)
-            {
+            let mut g = self.read.locked();
+            if g.0.insert(spec.id) {
                 g.1 += spec.len;
             }
+            drop(g);
             Ok(out)
         })
     }
@@ -113,17 +114,17 @@ impl ChunkSource for HintWhenServed {
 
 impl Drop for HintWhenServed {
     fn drop(&mut self) {
-        let served = self.read.lock().map(|g| g.1).unwrap_or(0);
+        let served = self.read.locked().1;
         if served < self.total || self.hashes.is_empty() {
             return;
         }
-        let held = self.engine.blocks.lock().map(|b| b.len()).unwrap_or(0);
+        let held = self.engine.blocks.locked().len();
         let capacity = self.engine.layout.num_blocks().max(1) as usize;
         let pool_use = held as f64 / capacity as f64;
         if pool_use < self.pool_use {
             return;
         }
-        let Some(tx) = self.engine.commands.lock().ok().and_then(|c| c.clone()) else { return };
+        let Some(tx) = self.engine.commands.locked().clone() else { return };
         let cmd = kvferry_proto::v1::DaemonCommand {
             command: Some(kvferry_proto::v1::daemon_command::Command::Evict(
                 kvferry_proto::v1::EvictionHint {
@@ -181,7 +182,7 @@ impl Pacer {
     /// When `len` bytes may start; books their transmission time.
     fn book(&self, len: u64) -> Instant {
         let now = Instant::now();
-        let mut g = self.next.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.next.locked();
         let start = g.map_or(now, |t| t.max(now));
         *g = Some(start + Duration::from_secs_f64(len as f64 / self.bytes_per_s));
         start
@@ -262,8 +263,7 @@ impl RegionCatalog {
                     source,
                 });
             }
-            if e.blocks.lock().map(|b| b.get(first).is_some_and(|h| h.tenant != req.tenant)).unwrap_or(false)
-            {
+            if e.blocks.locked().get(first).is_some_and(|h| h.tenant != req.tenant) {
                 return Err((RefusalCode::TenantMismatch, "the blocks belong to another tenant".into()));
             }
         }
@@ -314,7 +314,7 @@ impl ChunkSource for Revalidated {
                 .blocks
                 .get(spec.blocks.0 as usize..spec.blocks.1 as usize)
                 .ok_or_else(|| format!("chunk {} names blocks past the transfer", spec.id))?;
-            let ix = self.engine.blocks.lock().map_err(|_| "block index poisoned".to_owned())?;
+            let ix = self.engine.blocks.locked();
             if let Some((h, id, _)) = range.iter().find(|(h, id, g)| !ix.still_holds(h, *id, *g)) {
                 drop(ix);
                 self.metrics.served_reused.inc();
@@ -366,7 +366,7 @@ impl LandingSink {
 impl ChunkSink for LandingSink {
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>> {
         Box::pin(async move {
-            let mut blocks = self.blocks.lock().map_err(|_| "landing buffers poisoned".to_owned())?;
+            let mut blocks = self.blocks.locked();
             self.shape.scatter(&spec, payload, &mut blocks)?;
             self.landed_bytes.fetch_add(payload.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())

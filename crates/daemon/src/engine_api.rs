@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::Shared;
 use crate::error::DaemonError;
 use crate::registry::{EngineEntry, EngineLoad, Profile};
+use kvferry_pool::sync::LockExt;
 
 /// Parses a wire layout spec into a layout.
 pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
@@ -329,7 +330,7 @@ impl Engine for EngineService {
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_millis(grace)).await;
             let Some(entry) = weak.upgrade() else { return };
-            let attached = entry.commands.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+            let attached = entry.commands.locked().is_some();
             if !attached && shared.registry.remove(&entry.lease_id).is_some() {
                 tracing::warn!(engine = %entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
                     "no Attach within the grace period: lease released");
@@ -355,7 +356,8 @@ impl Engine for EngineService {
             .ok_or_else(|| DaemonError::Invalid("Attach: the first message must name the lease".into()))?;
         let engine = self.engine(&first.lease_id)?;
         let (tx, rx) = mpsc::channel(64);
-        if let Ok(mut c) = engine.commands.lock() {
+        {
+            let mut c = engine.commands.locked();
             *c = Some(tx);
         }
         let shared = self.shared.clone();
@@ -374,10 +376,9 @@ impl Engine for EngineService {
             // The stream ended: the engine is gone, and so is its lease.
             tracing::info!(engine = %engine.engine_id, "engine detached; releasing its lease");
             shared.registry.remove(&engine.lease_id);
-            if let Ok(mut c) = engine.commands.lock() {
-                c.take();
-            }
-            if let Ok(mut w) = engine.recompute_waiters.lock() {
+            engine.commands.locked().take();
+            {
+                let mut w = engine.recompute_waiters.locked();
                 for (_, tx) in w.drain() {
                     let _ = tx.send(Err("engine detached".into()));
                 }
@@ -494,8 +495,7 @@ impl Engine for EngineService {
             }
         }
         let mut out = PublishResponse::default();
-        let mut ix =
-            engine.blocks.lock().map_err(|_| DaemonError::Internal("block index poisoned".into()))?;
+        let mut ix = engine.blocks.locked();
         // Withdrawals first: when this call returns, no peer read that starts later serves
         // them, and every read already running fails its re-check (catalog::Revalidated).
         for h in &removed {
@@ -526,40 +526,38 @@ impl Engine for EngineService {
 fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
     match ev.event {
         Some(engine_event::Event::Stored(s)) => {
-            if let Ok(mut b) = engine.blocks.lock() {
-                for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
-                    if let Ok(h) = hash_of(h) {
-                        b.store(h, *id, &s.tenant, 0);
-                    }
+            let mut b = engine.blocks.locked();
+            for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
+                if let Ok(h) = hash_of(h) {
+                    b.store(h, *id, &s.tenant, 0);
                 }
             }
         }
         Some(engine_event::Event::Removed(r)) => {
-            if let Ok(mut b) = engine.blocks.lock() {
-                for h in &r.block_hashes {
-                    if let Ok(h) = hash_of(h) {
-                        b.remove_hash(&h);
-                    }
+            let mut b = engine.blocks.locked();
+            for h in &r.block_hashes {
+                if let Ok(h) = hash_of(h) {
+                    b.remove_hash(&h);
                 }
             }
         }
         Some(engine_event::Event::Load(l)) => {
-            if let Ok(mut load) = engine.load.lock() {
+            {
+                let mut load = engine.load.locked();
                 *load = EngineLoad { queue_depth: l.queue_depth, utilization: l.utilization };
             }
             if let Some(p) = l.profile
                 && p.linear_s_per_token > 0.0
                 && p.attention_s_per_pair >= 0.0
-                && let Ok(mut prof) = engine.profile.lock()
             {
-                *prof = Profile {
+                *engine.profile.locked() = Profile {
                     linear_s_per_token: p.linear_s_per_token,
                     attention_s_per_pair: p.attention_s_per_pair,
                 };
             }
         }
         Some(engine_event::Event::RecomputeDone(d)) => {
-            if let Some(tx) = engine.recompute_waiters.lock().ok().and_then(|mut w| w.remove(&d.session_id)) {
+            if let Some(tx) = engine.recompute_waiters.locked().remove(&d.session_id) {
                 let _ = tx.send(if d.error.is_empty() { Ok(d.tokens) } else { Err(d.error) });
             }
         }

@@ -26,6 +26,7 @@ use crate::blockbuf::BlockShape;
 use crate::catalog::{LandingSink, landed_blocks};
 use crate::error::DaemonError;
 use crate::plan::{Planned, Prepared, set_receipt_action};
+use kvferry_pool::sync::LockExt;
 
 type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
 
@@ -131,14 +132,12 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
         return Ok(0);
     }
     let sender =
-        p.engine.commands.lock().ok().and_then(|c| c.clone()).ok_or_else(|| {
+        p.engine.commands.locked().clone().ok_or_else(|| {
             DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
         })?;
     let (tx, rx) = oneshot::channel();
     let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
-    if let Ok(mut w) = p.engine.recompute_waiters.lock() {
-        w.insert(key.clone(), tx);
-    }
+    p.engine.recompute_waiters.locked().insert(key.clone(), tx);
     let cmd = DaemonCommand {
         command: Some(daemon_command::Command::Recompute(Recompute {
             session_id: key.clone(),
@@ -153,9 +152,7 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
         Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
         Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
         Err(_) => {
-            if let Ok(mut w) = p.engine.recompute_waiters.lock() {
-                w.remove(&key);
-            }
+            p.engine.recompute_waiters.locked().remove(&key);
             Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
         }
     }
@@ -272,7 +269,7 @@ pub fn fetch_deadline(p: &Prepared) -> Instant {
     if p.tokens.len() < total {
         return p.deadline;
     }
-    let Ok(prof) = p.engine.profile.lock().map(|g| *g) else { return p.deadline };
+    let prof = *p.engine.profile.locked();
     let Some(reserve) = fallback_reserve_s(prof.linear_s_per_token, prof.attention_s_per_pair, total as u64)
     else {
         return p.deadline;

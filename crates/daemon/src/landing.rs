@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use kvferry_layout::BlockHash;
+use kvferry_pool::sync::LockExt;
 
 /// A landed, verified block.
 #[derive(Debug, Clone)]
@@ -52,7 +53,8 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if let Ok(mut g) = self.zone.inner.lock() {
+        {
+            let mut g = self.zone.inner.locked();
             g.reserved = g.reserved.saturating_sub(self.bytes);
         }
     }
@@ -74,7 +76,7 @@ impl LandingZone {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.locked()
     }
 
     /// Reserves `bytes`, evicting least-recently-used unleased blocks if needed.

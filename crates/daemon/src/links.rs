@@ -11,6 +11,7 @@ use std::time::Instant;
 use kvferry_wire::estimator::{EstimatorConfig, LinkEstimator};
 
 use crate::config::Peer;
+use kvferry_pool::sync::LockExt;
 
 /// Live figures for one peer, as the decision uses them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -81,29 +82,23 @@ impl LinkTable {
     /// Records an RTT sample.
     pub fn record_rtt(&self, region: &str, rtt_s: f64) {
         let now = self.now_ns();
-        if let Some(p) = self.peers.get(region)
-            && let Ok(mut e) = p.est.lock()
-        {
-            let _ = e.record_rtt(now, rtt_s);
+        if let Some(p) = self.peers.get(region) {
+            let _ = p.est.locked().record_rtt(now, rtt_s);
         }
     }
 
     /// Records a completed transfer's goodput.
     pub fn record_goodput(&self, region: &str, bytes: u64, seconds: f64) {
         let now = self.now_ns();
-        if let Some(p) = self.peers.get(region)
-            && let Ok(mut e) = p.est.lock()
-        {
-            let _ = e.record_goodput(now, bytes, seconds);
+        if let Some(p) = self.peers.get(region) {
+            let _ = p.est.locked().record_goodput(now, bytes, seconds);
         }
     }
 
     /// Records a migration's predicted vs measured seconds.
     pub fn record_prediction(&self, region: &str, predicted_s: f64, measured_s: f64) {
-        if let Some(p) = self.peers.get(region)
-            && let Ok(mut e) = p.est.lock()
-        {
-            let _ = e.record_prediction(predicted_s, measured_s);
+        if let Some(p) = self.peers.get(region) {
+            let _ = p.est.locked().record_prediction(predicted_s, measured_s);
         }
     }
 
@@ -117,7 +112,7 @@ impl LinkTable {
     /// The figures a decision uses now.
     pub fn figures(&self, region: &str) -> Option<Figures> {
         let p = self.peers.get(region)?;
-        let est = p.est.lock().ok()?.estimate(self.now_ns());
+        let est = p.est.locked().estimate(self.now_ns());
         let measured = est.goodput_bps.is_some();
         Some(Figures {
             rtt_s: est.rtt_s.unwrap_or(p.cfg.rtt_ms / 1000.0),
@@ -134,7 +129,7 @@ impl LinkTable {
     /// Whether the estimator asks for an active probe.
     pub fn needs_probe(&self, region: &str) -> bool {
         let now = self.now_ns();
-        self.peers.get(region).and_then(|p| p.est.lock().ok().map(|e| e.needs_probe(now))).unwrap_or(false)
+        self.peers.get(region).is_some_and(|p| p.est.locked().needs_probe(now))
     }
 }
 

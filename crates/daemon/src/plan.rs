@@ -19,6 +19,7 @@ use crate::engine_api::hashes_for;
 use crate::error::DaemonError;
 use crate::links::Figures;
 use crate::registry::EngineEntry;
+use kvferry_pool::sync::LockExt;
 
 /// A validated request with everything the decision and the executor need.
 pub struct Prepared {
@@ -275,9 +276,11 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
 /// figures, both paths' loads. `None` when nothing was measured about a source.
 fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
     let Some(fig) = p.figures else { return Ok(None) };
-    let prof = *p.engine.profile.lock().map_err(|_| DaemonError::Internal("profile lock".into()))?;
-    let compute_utilization =
-        p.engine.load.lock().map(|l| compute_utilization(l.queue_depth, l.utilization)).unwrap_or(0.0);
+    let prof = *p.engine.profile.locked();
+    let compute_utilization = {
+        let l = p.engine.load.locked();
+        compute_utilization(l.queue_depth, l.utilization)
+    };
     Ok(Some(Measured {
         kv: footprint(&p.engine)?,
         linear_s_per_token: prof.linear_s_per_token,

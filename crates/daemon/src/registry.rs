@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use kvferry_layout::{BlockHash, LayoutFingerprint, PoolLayout};
 use kvferry_pool::MemoryBackend;
+use kvferry_pool::sync::LockExt;
 use kvferry_proto::v1::DaemonCommand;
 use tokio::sync::mpsc;
 
@@ -63,12 +64,12 @@ impl EngineEntry {
 
     /// The index entry of `h` for `tenant`, if this engine holds it.
     pub fn held(&self, tenant: &str, h: &BlockHash) -> Option<Held> {
-        self.blocks.lock().ok()?.get(h).filter(|e| e.tenant == tenant).cloned()
+        self.blocks.locked().get(h).filter(|e| e.tenant == tenant).cloned()
     }
 
     /// Whether the engine's Attach stream is live.
     pub fn attached(&self) -> bool {
-        self.commands.lock().map(|c| c.as_ref().is_some_and(|s| !s.is_closed())).unwrap_or(false)
+        self.commands.locked().as_ref().is_some_and(|s| !s.is_closed())
     }
 }
 
@@ -236,36 +237,32 @@ impl Registry {
         layout: Option<PoolLayout>,
         backend: Arc<dyn MemoryBackend>,
     ) {
-        if let Ok(mut m) = self.pending_pools.lock() {
-            m.insert(token, (model_id, layout, backend));
-        }
+        self.pending_pools.locked().insert(token, (model_id, layout, backend));
     }
 
     /// Claims a pending pool.
     pub fn take_pending_pool(&self, token: &str) -> Option<PendingPool> {
-        self.pending_pools.lock().ok()?.remove(token)
+        self.pending_pools.locked().remove(token)
     }
 
     /// Adds a registered engine.
     pub fn insert(&self, e: Arc<EngineEntry>) {
-        if let Ok(mut m) = self.engines.lock() {
-            m.insert(e.lease_id.clone(), e);
-        }
+        self.engines.locked().insert(e.lease_id.clone(), e);
     }
 
     /// Removes an engine (its lease ended).
     pub fn remove(&self, lease_id: &str) -> Option<Arc<EngineEntry>> {
-        self.engines.lock().ok()?.remove(lease_id)
+        self.engines.locked().remove(lease_id)
     }
 
     /// An engine by lease.
     pub fn by_lease(&self, lease_id: &str) -> Option<Arc<EngineEntry>> {
-        self.engines.lock().ok()?.get(lease_id).cloned()
+        self.engines.locked().get(lease_id).cloned()
     }
 
     /// All engines.
     pub fn all(&self) -> Vec<Arc<EngineEntry>> {
-        self.engines.lock().map(|m| m.values().cloned().collect()).unwrap_or_default()
+        self.engines.locked().values().cloned().collect()
     }
 
     /// The engine a migration targets: by id, else any attached engine of `model_id`

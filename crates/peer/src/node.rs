@@ -28,6 +28,7 @@ use crate::io::{ChunkSource, conn_err, from_conn_error};
 use crate::router::{StreamRouter, route_streams};
 use crate::tls::{RegionId, TlsIdentity, TrustPolicy, client_crypto};
 use crate::transport::LinkTuning;
+use kvferry_pool::sync::LockExt;
 
 /// What the owner serves for an accepted request.
 #[allow(missing_debug_implementations)]
@@ -152,12 +153,13 @@ impl PeerNode {
     /// Closes every connection (drain or fault injection); in-flight transfers see a lost
     /// connection.
     pub fn close_connections(&self) {
-        for c in
-            self.conns.lock().map(|mut m| m.drain().map(|(_, c)| c).collect::<Vec<_>>()).unwrap_or_default()
-        {
+        for c in self.conns.locked().drain().map(|(_, c)| c).collect::<Vec<_>>() {
             c.close(VarInt::from_u32(1), b"closed by operator");
         }
-        for c in self.incoming.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default() {
+        for c in {
+            let mut v = self.incoming.locked();
+            std::mem::take(&mut *v)
+        } {
             c.close(VarInt::from_u32(1), b"closed by operator");
         }
     }
@@ -167,8 +169,9 @@ impl PeerNode {
     /// `stream_data_blocked` and `data_blocked` = flow-control windows as the limit).
     pub fn connection_stats(&self) -> Vec<quinn::ConnectionStats> {
         let mut out: Vec<quinn::ConnectionStats> =
-            self.conns.lock().map(|m| m.values().map(Connection::stats).collect()).unwrap_or_default();
-        if let Ok(v) = self.incoming.lock() {
+            self.conns.locked().values().map(Connection::stats).collect();
+        {
+            let v = self.incoming.locked();
             out.extend(v.iter().filter(|c| c.close_reason().is_none()).map(Connection::stats));
         }
         out
@@ -176,12 +179,12 @@ impl PeerNode {
 
     /// Current RTT to `peer`, if connected.
     pub fn rtt_to(&self, peer: &RegionId) -> Option<Duration> {
-        self.conns.lock().ok()?.get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
+        self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
     }
 
     /// Connects to `peer` (or reuses the cached connection).
     pub async fn connect(&self, peer: &RegionId, addr: SocketAddr) -> Result<Connection, WireError> {
-        if let Some(c) = self.conns.lock().ok().and_then(|m| m.get(peer).cloned())
+        if let Some(c) = self.conns.locked().get(peer).cloned()
             && c.close_reason().is_none()
         {
             return Ok(c);
@@ -194,14 +197,13 @@ impl PeerNode {
         let connecting = self.endpoint.connect_with(client, addr, "kvferry-peer").map_err(conn_err)?;
         let conn = connecting.await.map_err(|e| from_conn_error(&e))?;
         let router = Arc::new(StreamRouter::default());
-        if let Ok(mut r) = self.routers.lock() {
+        {
+            let mut r = self.routers.locked();
             r.retain(|_, router| Arc::strong_count(router) > 1);
             r.insert(conn.stable_id(), router.clone());
         }
         tokio::spawn(route_streams(conn.clone(), self.fetch_budget.clone(), router));
-        if let Ok(mut m) = self.conns.lock() {
-            m.insert(peer.clone(), conn.clone());
-        }
+        self.conns.locked().insert(peer.clone(), conn.clone());
         Ok(conn)
     }
 }

@@ -22,6 +22,7 @@ use crate::io::{AbortOnDrop, control_reader, read_frame, write_frame};
 use crate::node::{BlockCatalog, PeerConfig, PeerNode};
 use crate::tls::{RegionId, identity_of, server_crypto};
 use crate::transport::bind_udp;
+use kvferry_pool::sync::LockExt;
 
 impl PeerNode {
     /// Binds the endpoint and starts serving.
@@ -81,7 +82,8 @@ async fn accept_loop(node: Arc<PeerNode>) {
                     return;
                 }
             };
-            if let Ok(mut v) = node.incoming.lock() {
+            {
+                let mut v = node.incoming.locked();
                 v.retain(|c| c.close_reason().is_none());
                 v.push(conn.clone());
             }

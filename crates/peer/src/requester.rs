@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use crate::io::{AbortOnDrop, ChunkSink, control_reader, from_conn_error, write_frame};
 use crate::node::PeerNode;
 use crate::tls::RegionId;
+use kvferry_pool::sync::LockExt;
 
 /// One fetch's parameters.
 #[derive(Debug, Clone)]
@@ -95,9 +96,7 @@ impl PeerNode {
                 }
                 Err(e @ WireError::Connection(_)) => {
                     tracing::info!(peer = %peer, error = %e, "connection lost mid-fetch; resuming");
-                    if let Ok(mut m) = self.conns.lock() {
-                        m.remove(peer);
-                    }
+                    self.conns.locked().remove(peer);
                     request = core.on_connection_lost(ns_since(t0))?;
                     stats.reconnects += 1;
                     let backoff = self.cfg.fetch.reconnect_backoff * stats.reconnects.min(20);
@@ -129,9 +128,9 @@ impl PeerNode {
         let ctl_task = tokio::spawn(control_reader(ctl_recv, ctl_tx));
         let router = self
             .routers
-            .lock()
-            .ok()
-            .and_then(|r| r.get(&conn.stable_id()).cloned())
+            .locked()
+            .get(&conn.stable_id())
+            .cloned()
             .ok_or_else(|| WireError::Connection("connection has no stream router".into()))?;
         // Register before asking, so the first chunk always finds its transfer.
         let (mut chunk_rx, _registration) = router.register(core.transfer_id());

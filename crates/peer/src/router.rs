@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::budget::{Budget, Lease};
 use crate::io::{from_conn_error, read_err, read_frame};
+use kvferry_pool::sync::LockExt;
 
 pub(crate) type ChunkItem = Result<(kvferry_wire::ChunkHeader, Vec<u8>, Lease), WireError>;
 
@@ -26,19 +27,17 @@ pub(crate) struct StreamRouter {
 
 impl StreamRouter {
     pub(crate) fn get(&self, id: u128) -> Option<mpsc::Sender<ChunkItem>> {
-        self.transfers.lock().ok()?.get(&id).cloned()
+        self.transfers.locked().get(&id).cloned()
     }
 
     pub(crate) fn register(self: &Arc<Self>, id: u128) -> (mpsc::Receiver<ChunkItem>, Registration) {
         let (tx, rx) = mpsc::channel(8);
-        if let Ok(mut m) = self.transfers.lock() {
-            m.insert(id, tx);
-        }
+        self.transfers.locked().insert(id, tx);
         (rx, Registration { router: self.clone(), id })
     }
 
     pub(crate) async fn fail_all(&self, e: WireError) {
-        let all: Vec<_> = self.transfers.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let all: Vec<_> = self.transfers.locked().values().cloned().collect();
         for tx in all {
             let _ = tx.send(Err(e.clone())).await;
         }
@@ -53,9 +52,7 @@ pub(crate) struct Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if let Ok(mut m) = self.router.transfers.lock() {
-            m.remove(&self.id);
-        }
+        self.router.transfers.locked().remove(&self.id);
     }
 }
 

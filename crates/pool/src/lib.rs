@@ -11,6 +11,7 @@
 
 mod check;
 mod staging;
+pub mod sync;
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
