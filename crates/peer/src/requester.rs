@@ -94,7 +94,9 @@ impl PeerNode {
                         chunks_refetched: stats.refetched,
                     });
                 }
-                Err(e @ WireError::Connection(_)) => {
+                // Resume when the error says a retry can help and the core can go on (a refusal
+                // or a failed verification ended the transfer: nothing to resume).
+                Err(e) if e.retryable() && !matches!(core.state(), State::Committed | State::Aborted) => {
                     tracing::info!(peer = %peer, error = %e, "connection lost mid-fetch; resuming");
                     self.conns.locked().remove(peer);
                     request = core.on_connection_lost(ns_since(t0))?;
