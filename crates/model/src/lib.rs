@@ -17,7 +17,8 @@
 //! - [`split`]: the Cake-style split search.
 //! - [`decision`]: [`decide`], the single entry point.
 //! - [`presets`]: model shapes and accelerator peaks with sources.
-//! - [`calibration`]: fetch costs learnt online from measured outcomes, with uncertainty bands.
+//! - [`calibration`]: fetch and recompute costs learnt online from measured outcomes, with
+//!   uncertainty bands.
 
 pub mod calibration;
 pub mod compute;
@@ -30,7 +31,10 @@ pub mod presets;
 pub mod queue;
 pub mod split;
 
-pub use calibration::{CalibrationError, FetchCalibration, FetchObservation, Prediction};
+pub use calibration::{
+    CalibrationError, FetchCalibration, FetchObservation, Prediction, RecomputeCalibration,
+    RecomputeObservation,
+};
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};
 pub use decision::{

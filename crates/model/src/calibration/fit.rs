@@ -139,6 +139,13 @@ impl<const D: usize> RobustFit<D> {
         self.refit();
     }
 
+    /// Rewrites every sample's features (the caller then refits, via [`rebase`](Self::rebase)).
+    pub(crate) fn map_features(&mut self, f: impl Fn(&[f64; D]) -> [f64; D]) {
+        for (x, _) in self.window.iter_mut() {
+            *x = f(x);
+        }
+    }
+
     pub(crate) fn theta(&self) -> [f64; D] {
         self.theta
     }

@@ -9,22 +9,26 @@
 //! - [`FetchCalibration`] (one per peer): `seconds ≈ fixed + rtt_factor · rtt + per_byte ·
 //!   wire_bytes`, prior from the [`LinkModel`](crate::LinkModel) (one RTT, configured/estimated
 //!   goodput).
+//! - [`RecomputeCalibration`] (one per engine): `seconds ≈ fixed + α_lin · L + α_attn · A +
+//!   γ · load · (L + A)` over the two terms `L`, `A` of the engine's reported profile (linear
+//!   in new tokens; attention over new × cached tokens), prior `α = 1, γ = 0, fixed = 0`.
 //! - Every prediction is a [`Prediction`]: mean, standard error from the coefficients'
 //!   uncertainty, and the per-outcome noise; wide with few samples, narrowing as they come.
 //!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
-//! calibrated [`LinkModel`](crate::LinkModel) to
+//! calibrated [`LinkModel`](crate::LinkModel)/[`ComputeModel`](crate::ComputeModel) to
 //! [`decide`](crate::decide). No I/O, no clock, no randomness; allocation only in `observe`.
 //!
 //! **Degenerate samples** are refused with [`CalibrationError::Sample`] or
 //! [`CalibrationError::Implausible`] and leave the state unchanged: NaN or infinite values,
-//! negative values, zero measured seconds, more than
+//! negative values, zero measured seconds, a recompute of zero tokens, more than
 //! [`MAX_SAMPLE_SECONDS`]. A zero-byte fetch sample is accepted (it measures the fixed cost
 //! alone); identical samples are accepted (the prior keeps the fit well posed).
 
 pub mod fetch;
 pub(crate) mod fit;
+pub mod recompute;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -33,6 +37,7 @@ use crate::error::ModelError;
 
 pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
+pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
 /// unit error, not a measurement.
