@@ -18,7 +18,7 @@
 //! - [`decision`]: [`decide`], the single entry point.
 //! - [`presets`]: model shapes and accelerator peaks with sources.
 //! - [`calibration`]: fetch and recompute costs learnt online from measured outcomes, with
-//!   uncertainty bands.
+//!   uncertainty bands, and the hedging rule.
 
 pub mod calibration;
 pub mod compute;
@@ -32,8 +32,8 @@ pub mod queue;
 pub mod split;
 
 pub use calibration::{
-    CalibrationError, FetchCalibration, FetchObservation, Prediction, RecomputeCalibration,
-    RecomputeObservation,
+    CalibrationError, FetchCalibration, FetchObservation, HedgeChoice, HedgeDecision, HedgePolicy,
+    Prediction, RecomputeCalibration, RecomputeObservation, hedge,
 };
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};

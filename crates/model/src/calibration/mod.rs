@@ -14,6 +14,8 @@
 //!   in new tokens; attention over new × cached tokens), prior `α = 1, γ = 0, fixed = 0`.
 //! - Every prediction is a [`Prediction`]: mean, standard error from the coefficients'
 //!   uncertainty, and the per-outcome noise; wide with few samples, narrowing as they come.
+//! - [`hedge()`](hedge::hedge) decides, from two predictions, whether to start the recompute
+//!   while the fetch runs and keep whichever finishes first.
 //!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
@@ -28,6 +30,7 @@
 
 pub mod fetch;
 pub(crate) mod fit;
+pub mod hedge;
 pub mod recompute;
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +40,7 @@ use crate::error::ModelError;
 
 pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
+pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
