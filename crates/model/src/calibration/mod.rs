@@ -27,6 +27,41 @@
 //! negative values, zero measured seconds, a recompute of zero tokens, more than
 //! [`MAX_SAMPLE_SECONDS`]. A zero-byte fetch sample is accepted (it measures the fixed cost
 //! alone); identical samples are accepted (the prior keeps the fit well posed).
+//!
+//! # Calling contract
+//!
+//! ```
+//! use kvferry_model::calibration::{FetchSpread, FitConfig, HedgeChoice, HedgePolicy, RecomputeSpread};
+//! use kvferry_model::{ComputeModel, FetchCalibration, FetchObservation, LinkModel};
+//! use kvferry_model::{RecomputeCalibration, RecomputeObservation, hedge};
+//!
+//! // Once per peer / per engine, from the configured link and the engine's reported profile.
+//! let link = LinkModel::new(1.0, 0.05, 1.0)?;
+//! let mut fetch = FetchCalibration::new(&link, FetchSpread::default(), FitConfig::default())?;
+//! let profile = ComputeModel::from_measured(1.3e-3, 2e-7)?;
+//! let spread = RecomputeSpread::default();
+//! let mut recompute = RecomputeCalibration::new(&profile, spread, FitConfig::default())?;
+//!
+//! // After every executed migration: what it moved or prefilled, and how long it took.
+//! fetch.observe(FetchObservation { wire_bytes: 8 << 20, seconds: 0.21, rtt_s: 0.05 })?;
+//! let prefill = RecomputeObservation { new_tokens: 64, cached_tokens: 0, load: 0.0, seconds: 0.25 };
+//! recompute.observe(prefill)?;
+//! // A refused sample is a typed error and changes nothing.
+//! let broken = FetchObservation { wire_bytes: 1, seconds: f64::NAN, rtt_s: 0.05 };
+//! assert!(fetch.observe(broken).is_err());
+//!
+//! // Before the next decision: calibrated inputs for `decide`, and predictions with bands.
+//! let _link_for_decide = fetch.link_model(0.05, 1.0)?;
+//! let _compute_for_decide = recompute.compute_model(0.0)?;
+//! let f = fetch.predict(8 << 20, 0.05)?;
+//! let r = recompute.predict(64, 0, 0.0)?;
+//! let d = hedge(&f, &r, &HedgePolicy { allow: true, ..HedgePolicy::default() })?;
+//! assert!(d.expected_s <= f.seconds.min(r.seconds));
+//! if d.choice == HedgeChoice::Hedge {
+//!     // Start both; keep the first to finish; cancel and account the other.
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod fetch;
 pub(crate) mod fit;
