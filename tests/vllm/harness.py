@@ -182,6 +182,7 @@ chunk_bytes = {self.chunk_bytes}
         ]
 
     def start_vllm(self, env: dict[str, str]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
         log = open(self.dir / "vllm.log", "ab")
         e = dict(env)
         e["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu

@@ -19,7 +19,10 @@
 //! - [`migration`]: the rules around [`decide`] that make a migration's plan
 //!   ([`plan_migration`]: already local, nothing to fetch, deadline; [`MigrationAction`]).
 //! - [`presets`]: model shapes and accelerator peaks with sources.
+//! - [`calibration`]: fetch and recompute costs learnt online from measured outcomes, with
+//!   uncertainty bands, and the hedging rule.
 
+pub mod calibration;
 pub mod compute;
 pub mod crossover;
 pub mod decision;
@@ -31,6 +34,10 @@ pub mod presets;
 pub mod queue;
 pub mod split;
 
+pub use calibration::{
+    CalibrationError, FetchCalibration, FetchObservation, HedgeChoice, HedgeDecision, HedgePolicy,
+    Prediction, RecomputeCalibration, RecomputeObservation, hedge,
+};
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};
 pub use decision::{

@@ -6,13 +6,34 @@ use nixl_sys::{Agent, AgentConfig, MemType, MemoryRegion, NixlDescriptor, NixlEr
 
 use crate::BACKEND;
 
+/// Which side of the transfers an agent is on; it decides who drives the UCX worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Posts every transfer and polls it to completion (the daemon's helper): no progress
+    /// thread — polling a transfer's status progresses the worker. nixl-sys' default progress
+    /// thread spins with no delay (`pthr_delay_us = 0`) and burned half a core per idle helper.
+    Initiator,
+    /// Only exposes memory (an engine): a progress thread answers the initiator's connection
+    /// wire-up, woken every [`TARGET_PROGRESS_DELAY_US`] instead of spinning.
+    Target,
+}
+
+/// How often a target's progress thread runs (only connection set-up waits on it; the data
+/// path is one-sided).
+pub(crate) const TARGET_PROGRESS_DELAY_US: u64 = 1_000;
+
 /// Create an agent named `name` with a UCX backend.
 ///
 /// The agent is configured with `ThreadSync::Strict`: backends are shared between tasks on a
 /// multi-thread runtime, and NIXL's default (no locking) is only safe from one thread. Callers
 /// must have called [`crate::ensure_nixl`] first.
-pub(crate) fn new_agent(name: &str) -> Result<Agent, PoolError> {
-    let cfg = AgentConfig { thread_sync: ThreadSync::Strict, ..AgentConfig::default() };
+pub(crate) fn new_agent(name: &str, role: Role) -> Result<Agent, PoolError> {
+    let cfg = AgentConfig {
+        thread_sync: ThreadSync::Strict,
+        enable_prog_thread: role == Role::Target,
+        pthr_delay_us: TARGET_PROGRESS_DELAY_US,
+        ..AgentConfig::default()
+    };
     let agent = Agent::new_configured(name, &cfg).map_err(|e| fatal(format!("create agent {name:?}"), e))?;
     let (_mems, params) = agent.get_plugin_params("UCX").map_err(|e| {
         fatal("UCX plugin not found (is NIXL_PLUGIN_DIR or the wheel's plugins/ directory intact?)", e)

@@ -12,7 +12,7 @@ use kvferry_pool::{
 };
 use nixl_sys::{Agent, MemType, XferDescList, XferOp};
 
-use crate::agent::{RawRegion, fatal, new_agent};
+use crate::agent::{RawRegion, Role, fatal, new_agent};
 use crate::descriptor::{NixlPoolDescriptor, NixlRegion};
 use crate::xfer::{self, Plan};
 use crate::{BACKEND, ensure_nixl};
@@ -55,7 +55,7 @@ impl DirectBackend {
                 "engine agent {name:?} has the daemon agent's name: agent names must be unique"
             )));
         }
-        let agent = new_agent(&name)?;
+        let agent = new_agent(&name, Role::Initiator)?;
         let peer = agent.load_remote_md(&desc.agent_metadata).map_err(|e| {
             PoolError::BadMetadata(format!("NIXL refused the metadata of agent {:?}: {e}", desc.agent_name))
         })?;

@@ -4,7 +4,7 @@
 use kvferry_pool::PoolError;
 use nixl_sys::{Agent, RegistrationHandle};
 
-use crate::agent::{RawRegion, fatal, new_agent};
+use crate::agent::{RawRegion, Role, fatal, new_agent};
 use crate::descriptor::{MemKind, NixlPoolDescriptor, NixlRegion};
 use crate::ensure_nixl;
 
@@ -29,7 +29,7 @@ impl NixlPoolExport {
         if agent_name.is_empty() || agent_name.contains('\0') {
             return Err(PoolError::BadMetadata(format!("invalid agent name {agent_name:?}")));
         }
-        let agent = new_agent(agent_name)?;
+        let agent = new_agent(agent_name, Role::Target)?;
         Ok(Self { registrations: Vec::new(), regions: Vec::new(), agent, name: agent_name.to_owned() })
     }
 

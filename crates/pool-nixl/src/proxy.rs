@@ -208,6 +208,55 @@ pub struct NixlBackend {
     infos: Vec<RegionInfo>,
     timeout: Duration,
     next_staging: AtomicU64,
+    /// Staging buffers registered in the helper and idle, for reuse (see [`StagingCache`]).
+    cache: Arc<StagingCache>,
+}
+
+/// Idle staging buffers, still registered in the helper: registering a new memfd there costs
+/// milliseconds (a Load or a served chunk used to pay it every time). Buffers come back here
+/// when their `Staging` drops, up to [`STAGING_CACHE_BYTES`]; beyond that, and when the
+/// backend goes, they are released. A reused buffer is zeroed before it is handed out again,
+/// so no caller ever sees bytes another transfer left.
+#[derive(Default)]
+struct StagingCache {
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl std::fmt::Debug for StagingCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.idle.lock().map_or(0, |i| i.len());
+        f.debug_struct("StagingCache").field("idle", &n).finish()
+    }
+}
+
+/// Idle staging memory kept per NIXL pool.
+const STAGING_CACHE_BYTES: usize = 64 << 20;
+
+struct Idle {
+    mapping: Mapping,
+    id: u64,
+    cap: usize,
+}
+
+impl StagingCache {
+    /// An idle buffer of exactly `cap` bytes, if one is cached.
+    fn take(&self, cap: usize) -> Option<Idle> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let i = idle.iter().position(|b| b.cap == cap)?;
+        Some(idle.swap_remove(i))
+    }
+
+    /// Keeps `b` for reuse, or releases it in the helper when the cache is full.
+    fn put(&self, b: Idle, conn: &Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let held: usize = idle.iter().map(|b| b.cap).sum();
+        if held + b.cap <= STAGING_CACHE_BYTES {
+            idle.push(b);
+        } else {
+            drop(idle);
+            conn.notify(&Request::DropStaging { id: b.id });
+        }
+    }
 }
 
 impl NixlBackend {
@@ -300,6 +349,7 @@ impl NixlBackend {
             infos,
             timeout: opts.timeout,
             next_staging: AtomicU64::new(1),
+            cache: Arc::default(),
         })
     }
 
@@ -388,15 +438,9 @@ impl Drop for NixlBackend {
 }
 
 /// Drops the helper's side of a staging buffer when the daemon's side goes.
+/// Marks a Staging as this backend's, with its helper-side id (its release is the cache's).
 struct StagingGuard {
-    conn: Arc<Conn>,
     id: u64,
-}
-
-impl Drop for StagingGuard {
-    fn drop(&mut self) {
-        self.conn.notify(&Request::DropStaging { id: self.id });
-    }
 }
 
 /// The helper-side id of a staging buffer this backend allocated.
@@ -421,27 +465,42 @@ impl MemoryBackend for NixlBackend {
         if len == 0 {
             return Ok(Staging::new_host(0, self.id));
         }
-        let cap =
-            len.checked_next_multiple_of(STAGING_ALIGN).ok_or_else(|| io("staging", "length overflows"))?;
-        let fd = create_memfd("kvferry-nixl-staging", cap as u64)?;
-        let helper_fd = fd.try_clone().map_err(|e| io("dup staging fd", e))?;
-        let mapping = Mapping::map(fd, cap as u64)?;
-        let ptr = NonNull::new(mapping.as_ptr()).ok_or_else(|| io("mmap", "null mapping"))?;
-        let id = self.next_staging.fetch_add(1, Ordering::Relaxed);
-        self.conn.call(
-            |req| Request::Staging { req, id, len, cap },
-            Some(std::os::fd::AsFd::as_fd(&helper_fd)),
-            SETUP_TIMEOUT,
-        )?;
-        drop(helper_fd);
-        // SAFETY: `mapping` is a fresh MAP_SHARED mapping of `cap` bytes (mmap returns
-        // page-aligned addresses; cap is a multiple of 4096), zero-filled by the kernel, kept
-        // alive until the release callback drops it, and referenced by nothing else in this
-        // process. The helper touches the same pages only during the transfers this backend's
+        // Capacities are powers of two (at least one alignment unit) so that buffers recycle.
+        let cap = len
+            .checked_next_power_of_two()
+            .map(|c| c.max(STAGING_ALIGN))
+            .ok_or_else(|| io("staging", "length overflows"))?;
+        let b = match self.cache.take(cap) {
+            Some(b) => {
+                // SAFETY: the mapping is `cap >= len` bytes, writable, and idle: it came out of
+                // the cache, so no Staging refers to it and the helper moves no byte of it.
+                unsafe { std::ptr::write_bytes(b.mapping.as_ptr(), 0, len) };
+                b
+            }
+            None => {
+                let fd = create_memfd("kvferry-nixl-staging", cap as u64)?;
+                let helper_fd = fd.try_clone().map_err(|e| io("dup staging fd", e))?;
+                let mapping = Mapping::map(fd, cap as u64)?;
+                let id = self.next_staging.fetch_add(1, Ordering::Relaxed);
+                self.conn.call(
+                    |req| Request::Staging { req, id, len: cap, cap },
+                    Some(std::os::fd::AsFd::as_fd(&helper_fd)),
+                    SETUP_TIMEOUT,
+                )?;
+                Idle { mapping, id, cap }
+            }
+        };
+        let ptr = NonNull::new(b.mapping.as_ptr()).ok_or_else(|| io("mmap", "null mapping"))?;
+        let (id, cache, conn) = (b.id, self.cache.clone(), self.conn.clone());
+        // SAFETY: `b.mapping` is a MAP_SHARED mapping of `cap` bytes (mmap returns page-aligned
+        // addresses; cap is a multiple of 4096), zero-filled (by the kernel when new, by us
+        // when reused) over its first `len` bytes, kept alive until the release callback hands
+        // it back to the cache or drops it, and referenced by nothing else in this process.
+        // The helper touches the same pages only during the transfers this backend's
         // read/write ask for, which borrow the Staging for their whole duration.
         let staging =
-            unsafe { Staging::from_external(ptr, len, cap, self.id, Box::new(move || drop(mapping))) };
-        Ok(staging.with_guard(Box::new(StagingGuard { conn: self.conn.clone(), id })))
+            unsafe { Staging::from_external(ptr, len, cap, self.id, Box::new(move || cache.put(b, &conn))) };
+        Ok(staging.with_guard(Box::new(StagingGuard { id })))
     }
 
     fn read<'a>(

@@ -9,6 +9,7 @@ agent and moves bytes with UCX.
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +47,17 @@ class NixlPool:
     reads and writes these ranges while it is registered.
     """
 
-    def __init__(self, agent_name: str, regions: list[Region], mem_type: str = "DRAM") -> None:
+    def __init__(
+        self,
+        agent_name: str,
+        regions: list[Region],
+        mem_type: str = "DRAM",
+        progress_interval_s: float = 0.005,
+    ) -> None:
+        """``progress_interval_s``: how often this agent's UCX worker is progressed (it only
+        answers the daemon's connection wire-up; the data path is one-sided). NIXL's Python
+        agent would otherwise run a progress thread that spins with no delay — a whole core
+        on a CPU host. 0 keeps NIXL's own thread."""
         if mem_type not in ("DRAM", "VRAM"):
             raise ValueError(f"mem_type {mem_type!r} is not DRAM or VRAM")
         if not regions or any(r.length <= 0 or r.addr <= 0 for r in regions):
@@ -57,13 +68,32 @@ class NixlPool:
         self.agent_name = agent_name
         self.regions = list(regions)
         self.mem_type = mem_type
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
         try:
-            self._agent = nixl_agent(agent_name, nixl_agent_config(backends=["UCX"]))
+            own_thread = progress_interval_s <= 0
+            self._agent = nixl_agent(
+                agent_name, nixl_agent_config(enable_prog_thread=own_thread, backends=["UCX"])
+            )
             self._reg = self._agent.register_memory(
                 [(r.addr, r.length, r.device, "") for r in self.regions], mem_type
             )
         except Exception as e:  # NIXL raises its own types
             raise NixlUnavailable(f"NIXL agent {agent_name!r}: {e}") from e
+        if not own_thread:
+            self._ticker = threading.Thread(
+                target=self._progress, args=(progress_interval_s,), name="kvferry-nixl-progress", daemon=True
+            )
+            self._ticker.start()
+
+    def _progress(self, interval_s: float) -> None:
+        # get_new_notifs progresses the backends' workers (and drains notifications, which
+        # kvferry does not use).
+        while not self._stop.wait(interval_s):
+            try:
+                self._agent.get_new_notifs()
+            except Exception:  # NIXL raises its own types; a closed agent ends the ticker
+                return
 
     def descriptor(self) -> dict[str, Any]:
         """kvferry_pool_nixl::NixlPoolDescriptor as a dict."""
@@ -82,6 +112,10 @@ class NixlPool:
 
     def close(self) -> None:
         """Deregisters the memory (after the lease ended)."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(1.0)
+            self._ticker = None
         reg, self._reg = self._reg, None
         if reg is not None:
             self._agent.deregister_memory(reg)

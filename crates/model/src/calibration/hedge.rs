@@ -1,0 +1,347 @@
+//! Hedging: when the calibrated bands cannot tell fetch from recompute, start the recompute
+//! while the fetch runs and keep whichever finishes first.
+//!
+//! Under the model each action's time is Gaussian, `F ~ N(μf, σf²)`, `R ~ N(μr, σr²)`,
+//! independent, with `σ` a [`Prediction`]'s [`sd_s`](Prediction::sd_s). Running both slows each
+//! by its interference factor when they share a resource (this host's CPU prefill and QUIC on
+//! the same cores): `X = (1 + ι_f)·F`, `Y = (1 + ι_r)·R`. A hedge finishes at `min(X, Y)`, whose
+//! expectation is Clark's (1961) closed form, with `θ² = Var X + Var Y`, `α = (E Y − E X)/θ`:
+//!
+//! `E[min(X, Y)] = E X · Φ(α) + E Y · Φ(−α) − θ · φ(α)`.
+//!
+//! The recompute it starts is wasted when the fetch wins; it ran until then:
+//! `E[X · 1{X < Y}] = E X · Φ(α) − (Var X / θ) · φ(α)` target-compute seconds.
+//!
+//! [`hedge`] hedges only when (1) the policy allows it, (2) the two bands `μ ± z·σ` overlap —
+//! the crossover lies inside the uncertainty — (3) the hedge's expected time beats the better
+//! pure action's by at least the policy's minimum gain, and (4) its expected wasted compute is
+//! within the cap. Condition (3) makes it never worse than the better pure action in
+//! expectation under the model; without interference it never is anyway (`min(F, R) ≤ F, R`).
+//!
+//! Owns: the rule and its arithmetic. Must not: start, cancel or account anything (the
+//! executor does; a cancelled leg must leave nothing visible), or consider an infeasible fetch
+//! (the caller does not ask when the egress cap forbids fetching).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::Prediction;
+use crate::error::{ModelError, fraction, non_negative};
+
+/// What the caller allows.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HedgePolicy {
+    /// Whether a hedge may be the answer (the engine must support cancelling a recompute).
+    pub allow: bool,
+    /// Bands are `seconds ± band_z · sd`; a hedge is considered only where they overlap.
+    pub band_z: f64,
+    /// Relative slowdown of the fetch while the recompute runs beside it (0: separate resources).
+    pub fetch_interference: f64,
+    /// Relative slowdown of the recompute while the fetch runs beside it.
+    pub recompute_interference: f64,
+    /// Smallest relative gain over the better pure action, in [0, 1).
+    pub min_gain: f64,
+    /// Cost cap: the most target-compute seconds a hedge may be expected to waste on a
+    /// recompute that loses. `None`: no cap.
+    pub max_wasted_compute_s: Option<f64>,
+}
+
+impl Default for HedgePolicy {
+    fn default() -> Self {
+        Self {
+            allow: false,
+            band_z: 1.0,
+            fetch_interference: 0.0,
+            recompute_interference: 0.0,
+            min_gain: 0.02,
+            max_wasted_compute_s: None,
+        }
+    }
+}
+
+impl HedgePolicy {
+    fn validate(&self) -> Result<(), ModelError> {
+        non_negative("hedge.band_z", self.band_z)?;
+        non_negative("hedge.fetch_interference", self.fetch_interference)?;
+        non_negative("hedge.recompute_interference", self.recompute_interference)?;
+        non_negative("hedge.min_gain", self.min_gain)?;
+        if self.min_gain > 0.0 {
+            fraction("hedge.min_gain", self.min_gain)?;
+        }
+        if let Some(cap) = self.max_wasted_compute_s {
+            non_negative("hedge.max_wasted_compute_s", cap)?;
+        }
+        Ok(())
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HedgeChoice {
+    /// Fetch only.
+    Fetch,
+    /// Recompute only.
+    Recompute,
+    /// Both at once; keep the first to finish, cancel the other.
+    Hedge,
+}
+
+/// Why.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HedgeReason {
+    /// The policy does not allow hedging.
+    Disabled,
+    /// The bands do not overlap: the better pure action is clear.
+    Clear { fetch_s: f64, recompute_s: f64, band_z: f64 },
+    /// The hedge would not beat the better pure action by the minimum gain (interference).
+    NoGain { hedge_s: f64, best_pure_s: f64, min_gain: f64 },
+    /// The hedge's expected wasted compute exceeds the cap.
+    CostCap { wasted_compute_s: f64, cap: f64 },
+    /// The bands straddle the crossover and the hedge is expected faster.
+    Straddle { hedge_s: f64, best_pure_s: f64, p_fetch_wins: f64 },
+}
+
+impl fmt::Display for HedgeReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            HedgeReason::Disabled => f.write_str("hedging is not allowed by policy"),
+            HedgeReason::Clear { fetch_s, recompute_s, band_z } => write!(
+                f,
+                "the {band_z}-sd bands do not overlap (fetch {:.2} ms, recompute {:.2} ms): no hedge",
+                fetch_s * 1e3,
+                recompute_s * 1e3
+            ),
+            HedgeReason::NoGain { hedge_s, best_pure_s, min_gain } => write!(
+                f,
+                "a hedge is expected to take {:.2} ms vs {:.2} ms for the better pure action (needs {:.1}% gain)",
+                hedge_s * 1e3,
+                best_pure_s * 1e3,
+                min_gain * 100.0
+            ),
+            HedgeReason::CostCap { wasted_compute_s, cap } => write!(
+                f,
+                "a hedge would waste {:.2} ms of compute in expectation, over the {:.2} ms cap",
+                wasted_compute_s * 1e3,
+                cap * 1e3
+            ),
+            HedgeReason::Straddle { hedge_s, best_pure_s, p_fetch_wins } => write!(
+                f,
+                "the bands straddle the crossover: hedging is expected to take {:.2} ms vs {:.2} ms (fetch wins with p = {:.2})",
+                hedge_s * 1e3,
+                best_pure_s * 1e3,
+                p_fetch_wins
+            ),
+        }
+    }
+}
+
+/// The answer, with every expectation it compared.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct HedgeDecision {
+    /// What to run.
+    pub choice: HedgeChoice,
+    /// Why.
+    pub reason: HedgeReason,
+    /// Expected seconds of the choice.
+    pub expected_s: f64,
+    /// Expected seconds of a pure fetch.
+    pub fetch_s: f64,
+    /// Expected seconds of a pure recompute.
+    pub recompute_s: f64,
+    /// Expected seconds of a hedge (interference included).
+    pub hedge_s: f64,
+    /// Probability that the fetch finishes first in a hedge.
+    pub p_fetch_wins: f64,
+    /// Expected target-compute seconds a hedge wastes on a recompute that loses.
+    pub wasted_compute_s: f64,
+}
+
+/// Decides whether to hedge between a calibrated fetch and a calibrated recompute.
+pub fn hedge(
+    fetch: &Prediction,
+    recompute: &Prediction,
+    policy: &HedgePolicy,
+) -> Result<HedgeDecision, ModelError> {
+    validate(fetch, "fetch")?;
+    validate(recompute, "recompute")?;
+    policy.validate()?;
+    let (mf, sf) = (fetch.seconds, fetch.sd_s());
+    let (mr, sr) = (recompute.seconds, recompute.sd_s());
+    let (pure, best_pure_s) = if mf < mr { (HedgeChoice::Fetch, mf) } else { (HedgeChoice::Recompute, mr) };
+    let race = Race::new(
+        (1.0 + policy.fetch_interference) * mf,
+        (1.0 + policy.fetch_interference) * sf,
+        (1.0 + policy.recompute_interference) * mr,
+        (1.0 + policy.recompute_interference) * sr,
+    );
+    let mut d = HedgeDecision {
+        choice: pure,
+        reason: HedgeReason::Disabled,
+        expected_s: best_pure_s,
+        fetch_s: mf,
+        recompute_s: mr,
+        hedge_s: race.expected_min,
+        p_fetch_wins: race.p_first_wins,
+        wasted_compute_s: race.first_wins_time,
+    };
+    let z = policy.band_z;
+    let overlap = mf - z * sf <= mr + z * sr && mr - z * sr <= mf + z * sf;
+    d.reason = if !policy.allow {
+        HedgeReason::Disabled
+    } else if !overlap {
+        HedgeReason::Clear { fetch_s: mf, recompute_s: mr, band_z: z }
+    } else if race.expected_min > best_pure_s * (1.0 - policy.min_gain) {
+        HedgeReason::NoGain { hedge_s: race.expected_min, best_pure_s, min_gain: policy.min_gain }
+    } else if let Some(cap) = policy.max_wasted_compute_s.filter(|&cap| race.first_wins_time > cap) {
+        HedgeReason::CostCap { wasted_compute_s: race.first_wins_time, cap }
+    } else {
+        d.choice = HedgeChoice::Hedge;
+        d.expected_s = race.expected_min;
+        HedgeReason::Straddle { hedge_s: race.expected_min, best_pure_s, p_fetch_wins: race.p_first_wins }
+    };
+    Ok(d)
+}
+
+fn validate(p: &Prediction, what: &'static str) -> Result<(), ModelError> {
+    let field = |f: &'static str| -> &'static str {
+        match (what, f) {
+            ("fetch", "seconds") => "fetch.seconds",
+            ("fetch", "std_error_s") => "fetch.std_error_s",
+            ("fetch", _) => "fetch.noise_s",
+            (_, "seconds") => "recompute.seconds",
+            (_, "std_error_s") => "recompute.std_error_s",
+            _ => "recompute.noise_s",
+        }
+    };
+    non_negative(field("seconds"), p.seconds)?;
+    non_negative(field("std_error_s"), p.std_error_s)?;
+    non_negative(field("noise_s"), p.noise_s)?;
+    Ok(())
+}
+
+/// Two independent Gaussian finishing times racing: X (the fetch) and Y (the recompute).
+#[derive(Debug, Clone, Copy)]
+struct Race {
+    /// E[min(X, Y)].
+    expected_min: f64,
+    /// P(X < Y).
+    p_first_wins: f64,
+    /// E[X · 1{X < Y}]: how long the loser Y ran when X won, in expectation.
+    first_wins_time: f64,
+}
+
+impl Race {
+    fn new(mx: f64, sx: f64, my: f64, sy: f64) -> Self {
+        let theta = sx.hypot(sy);
+        // Inputs are validated finite, so θ is finite or +∞ (overflow), never NaN.
+        if theta <= 1e-300 || !theta.is_finite() {
+            let p = if mx < my {
+                1.0
+            } else if mx > my {
+                0.0
+            } else {
+                0.5
+            };
+            return Self { expected_min: mx.min(my), p_first_wins: p, first_wins_time: p * mx };
+        }
+        let alpha = (my - mx) / theta;
+        let (cdf, cdf_neg, pdf) = (normal_cdf(alpha), normal_cdf(-alpha), normal_pdf(alpha));
+        // Never above either mean, whatever rounding does: min(X, Y) ≤ X and ≤ Y pointwise.
+        let expected_min = (mx * cdf + my * cdf_neg - theta * pdf).min(mx).min(my);
+        let first_wins_time = (mx * cdf - sx * sx / theta * pdf).max(0.0);
+        Self { expected_min, p_first_wins: cdf, first_wins_time }
+    }
+}
+
+/// Standard normal density.
+fn normal_pdf(x: f64) -> f64 {
+    (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt()
+}
+
+/// Standard normal distribution function, `Φ(x) = erfc(−x/√2) / 2`.
+fn normal_cdf(x: f64) -> f64 {
+    0.5 * erfc(-x / std::f64::consts::SQRT_2)
+}
+
+/// Complementary error function, Chebyshev fit with fractional error < 1.2e-7 everywhere
+/// (Press et al., Numerical Recipes, 2nd ed., §6.2, `erfcc`).
+fn erfc(x: f64) -> f64 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -z * z - 1.265_512_23
+        + t * (1.000_023_68
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_203_98
+                                + t * (1.488_515_87 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let r = t * poly.exp();
+    if x >= 0.0 { r } else { 2.0 - r }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pred(seconds: f64, sd: f64) -> Prediction {
+        Prediction { seconds, std_error_s: sd, noise_s: 0.0, samples: 3 }
+    }
+
+    fn allowed() -> HedgePolicy {
+        HedgePolicy { allow: true, ..HedgePolicy::default() }
+    }
+
+    #[test]
+    fn normal_functions() {
+        assert!((normal_cdf(0.0) - 0.5).abs() < 1e-7);
+        assert!((normal_cdf(1.959_964) - 0.975).abs() < 1e-7);
+        assert!((normal_cdf(-1.0) - 0.158_655_25).abs() < 1e-7);
+        assert!((normal_pdf(0.0) - 0.398_942_28).abs() < 1e-8);
+        assert_eq!(normal_cdf(-40.0), 0.0);
+        assert_eq!(normal_cdf(40.0), 1.0);
+    }
+
+    #[test]
+    fn equal_means_hedge_and_gain_by_the_closed_form() {
+        // min of two iid N(μ, σ²) has mean μ − σ/√π.
+        let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &allowed()).unwrap();
+        assert_eq!(d.choice, HedgeChoice::Hedge);
+        assert!((d.hedge_s - (1.0 - 0.2 / std::f64::consts::PI.sqrt())).abs() < 1e-6, "{d:?}");
+        assert!((d.p_fetch_wins - 0.5).abs() < 1e-6);
+        assert!(matches!(d.reason, HedgeReason::Straddle { .. }));
+    }
+
+    #[test]
+    fn clear_disabled_no_gain_and_cap() {
+        let d = hedge(&pred(0.1, 0.01), &pred(1.0, 0.05), &allowed()).unwrap();
+        assert_eq!((d.choice, d.expected_s), (HedgeChoice::Fetch, 0.1));
+        assert!(matches!(d.reason, HedgeReason::Clear { .. }));
+        let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &HedgePolicy::default()).unwrap();
+        assert_eq!((d.choice, d.reason), (HedgeChoice::Recompute, HedgeReason::Disabled));
+        // Both legs twice as slow when run together: a hedge loses.
+        let shared = HedgePolicy { fetch_interference: 1.0, recompute_interference: 1.0, ..allowed() };
+        let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &shared).unwrap();
+        assert!(matches!(d.reason, HedgeReason::NoGain { .. }), "{d:?}");
+        assert_eq!(d.choice, HedgeChoice::Recompute);
+        let capped = HedgePolicy { max_wasted_compute_s: Some(0.1), ..allowed() };
+        let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &capped).unwrap();
+        assert!(matches!(d.reason, HedgeReason::CostCap { .. }), "{d:?}");
+        assert!(d.reason.to_string().contains("cap"));
+    }
+
+    #[test]
+    fn degenerate_inputs() {
+        let d = hedge(&pred(0.0, 0.0), &pred(0.0, 0.0), &allowed()).unwrap();
+        assert!(d.expected_s == 0.0 && d.hedge_s == 0.0 && d.wasted_compute_s.is_finite());
+        assert!(hedge(&pred(f64::NAN, 0.0), &pred(1.0, 0.0), &allowed()).is_err());
+        assert!(hedge(&pred(1.0, -0.1), &pred(1.0, 0.0), &allowed()).is_err());
+        let bad = HedgePolicy { min_gain: 1.5, ..allowed() };
+        assert!(hedge(&pred(1.0, 0.1), &pred(1.0, 0.1), &bad).is_err());
+        let huge = hedge(&pred(1e300, 1e300), &pred(1e300, 1e300), &allowed()).unwrap();
+        assert!(huge.expected_s.is_finite());
+    }
+}

@@ -1,0 +1,181 @@
+//! Calibration: the cost model's inputs learnt online from what migrations actually took.
+//!
+//! The uncalibrated model charges a fetch one RTT plus bytes over a goodput, and a recompute
+//! the engine's reported (CPU-clock) profile. Both are systematically wrong in ways one number
+//! cannot absorb (issue 13): a fetch has a fixed cost of several RTTs that a goodput EWMA folds
+//! into the per-byte rate, and a recompute on a shared host takes up to 3× its profile in wall
+//! time. This module fits both from observed outcomes and says how sure it is:
+//!
+//! - [`FetchCalibration`] (one per peer): `seconds ≈ fixed + rtt_factor · rtt + per_byte ·
+//!   wire_bytes`, prior from the [`LinkModel`](crate::LinkModel) (one RTT, configured/estimated
+//!   goodput).
+//! - [`RecomputeCalibration`] (one per engine): `seconds ≈ fixed + α_lin · L + α_attn · A +
+//!   γ · load · (L + A)` over the two terms `L`, `A` of the engine's reported profile (linear
+//!   in new tokens; attention over new × cached tokens), prior `α = 1, γ = 0, fixed = 0`.
+//! - Every prediction is a [`Prediction`]: mean, standard error from the coefficients'
+//!   uncertainty, and the per-outcome noise; wide with few samples, narrowing as they come.
+//! - [`hedge()`](hedge::hedge) decides, from two predictions, whether to start the recompute
+//!   while the fetch runs and keep whichever finishes first.
+//!
+//! All of it is a pure function of values passed in: the daemon owns one calibration per peer
+//! and per engine, feeds it each executed migration's measured figures, and passes the
+//! calibrated [`LinkModel`](crate::LinkModel)/[`ComputeModel`](crate::ComputeModel) to
+//! [`decide`](crate::decide). No I/O, no clock, no randomness; allocation only in `observe`.
+//!
+//! **Degenerate samples** are refused with [`CalibrationError::Sample`] or
+//! [`CalibrationError::Implausible`] and leave the state unchanged: NaN or infinite values,
+//! negative values, zero measured seconds, a recompute of zero tokens, more than
+//! [`MAX_SAMPLE_SECONDS`]. A zero-byte fetch sample is accepted (it measures the fixed cost
+//! alone); identical samples are accepted (the prior keeps the fit well posed).
+//!
+//! # Calling contract
+//!
+//! ```
+//! use kvferry_model::calibration::{FetchSpread, FitConfig, HedgeChoice, HedgePolicy, RecomputeSpread};
+//! use kvferry_model::{ComputeModel, FetchCalibration, FetchObservation, LinkModel};
+//! use kvferry_model::{RecomputeCalibration, RecomputeObservation, hedge};
+//!
+//! // Once per peer / per engine, from the configured link and the engine's reported profile.
+//! let link = LinkModel::new(1.0, 0.05, 1.0)?;
+//! let mut fetch = FetchCalibration::new(&link, FetchSpread::default(), FitConfig::default())?;
+//! let profile = ComputeModel::from_measured(1.3e-3, 2e-7)?;
+//! let spread = RecomputeSpread::default();
+//! let mut recompute = RecomputeCalibration::new(&profile, spread, FitConfig::default())?;
+//!
+//! // After every executed migration: what it moved or prefilled, and how long it took.
+//! fetch.observe(FetchObservation { wire_bytes: 8 << 20, seconds: 0.21, rtt_s: 0.05 })?;
+//! let prefill = RecomputeObservation { new_tokens: 64, cached_tokens: 0, load: 0.0, seconds: 0.25 };
+//! recompute.observe(prefill)?;
+//! // A refused sample is a typed error and changes nothing.
+//! let broken = FetchObservation { wire_bytes: 1, seconds: f64::NAN, rtt_s: 0.05 };
+//! assert!(fetch.observe(broken).is_err());
+//!
+//! // Before the next decision: calibrated inputs for `decide`, and predictions with bands.
+//! let _link_for_decide = fetch.link_model(0.05, 1.0)?;
+//! let _compute_for_decide = recompute.compute_model(0.0)?;
+//! let f = fetch.predict(8 << 20, 0.05)?;
+//! let r = recompute.predict(64, 0, 0.0)?;
+//! let d = hedge(&f, &r, &HedgePolicy { allow: true, ..HedgePolicy::default() })?;
+//! assert!(d.expected_s <= f.seconds.min(r.seconds));
+//! if d.choice == HedgeChoice::Hedge {
+//!     // Start both; keep the first to finish; cancel and account the other.
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod fetch;
+pub(crate) mod fit;
+pub mod hedge;
+pub mod recompute;
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::error::ModelError;
+
+pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
+pub use fit::FitConfig;
+pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
+pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
+
+/// Longest migration a sample may report (one day); anything longer is a broken clock or a
+/// unit error, not a measurement.
+pub const MAX_SAMPLE_SECONDS: f64 = 86_400.0;
+
+/// Why a calibration refused an input. A refused sample leaves the estimator unchanged; the
+/// same sample would be refused again (not retryable), so the daemon logs and drops it.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum CalibrationError {
+    /// A sample field is NaN, infinite, negative or zero where it must be positive.
+    #[error("calibration sample refused: {0}")]
+    Sample(ModelError),
+    /// A sample field is finite but beyond any real migration.
+    #[error("calibration sample refused: {field} = {value} exceeds {max}")]
+    Implausible { field: &'static str, value: f64, max: f64 },
+    /// A prior, a configuration or a prediction input is invalid.
+    #[error(transparent)]
+    Input(#[from] ModelError),
+}
+
+/// A calibrated prediction of one action's seconds, with its uncertainty.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// Expected seconds.
+    pub seconds: f64,
+    /// Standard error of `seconds` from the fitted coefficients' uncertainty (the prior's
+    /// spread with no samples; shrinks toward 0 as samples accumulate).
+    pub std_error_s: f64,
+    /// Sd of one outcome around `seconds` from the fitted relative noise (does not vanish).
+    pub noise_s: f64,
+    /// Samples the calibration has accepted so far.
+    pub samples: u64,
+}
+
+impl Prediction {
+    /// A prediction without uncertainty (an uncalibrated model's number, or "nothing to do").
+    pub fn exact(seconds: f64) -> Self {
+        Self { seconds, std_error_s: 0.0, noise_s: 0.0, samples: 0 }
+    }
+
+    /// Sd of one outcome: coefficient uncertainty and noise together.
+    pub fn sd_s(&self) -> f64 {
+        self.std_error_s.hypot(self.noise_s)
+    }
+
+    /// `[seconds − z·sd, seconds + z·sd]`, the lower end clamped at 0.
+    pub fn band(&self, z: f64) -> (f64, f64) {
+        let half = z * self.sd_s();
+        ((self.seconds - half).max(0.0), self.seconds + half)
+    }
+
+    /// Relative sd of one outcome (`sd / seconds`; 0 when the prediction is 0).
+    pub fn relative_sd(&self) -> f64 {
+        if self.seconds > 0.0 { self.sd_s() / self.seconds } else { 0.0 }
+    }
+}
+
+/// Checks a measured value: finite, > 0, at most [`MAX_SAMPLE_SECONDS`].
+pub(crate) fn sample_seconds(field: &'static str, value: f64) -> Result<f64, CalibrationError> {
+    crate::error::positive(field, value).map_err(CalibrationError::Sample)?;
+    if value > MAX_SAMPLE_SECONDS {
+        return Err(CalibrationError::Implausible { field, value, max: MAX_SAMPLE_SECONDS });
+    }
+    Ok(value)
+}
+
+/// Checks a sample's non-negative input (an RTT, a load): finite, ≥ 0, at most `max`.
+pub(crate) fn sample_non_negative(
+    field: &'static str,
+    value: f64,
+    max: f64,
+) -> Result<f64, CalibrationError> {
+    crate::error::non_negative(field, value).map_err(CalibrationError::Sample)?;
+    if value > max {
+        return Err(CalibrationError::Implausible { field, value, max });
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bands_and_sd() {
+        let p = Prediction { seconds: 1.0, std_error_s: 0.3, noise_s: 0.4, samples: 2 };
+        assert!((p.sd_s() - 0.5).abs() < 1e-15);
+        assert_eq!(p.band(1.0), (0.5, 1.5));
+        assert_eq!(p.band(3.0).0, 0.0);
+        assert_eq!(Prediction::exact(0.0).relative_sd(), 0.0);
+    }
+
+    #[test]
+    fn sample_checks_are_typed() {
+        assert!(matches!(sample_seconds("seconds", f64::NAN), Err(CalibrationError::Sample(_))));
+        assert!(matches!(sample_seconds("seconds", 0.0), Err(CalibrationError::Sample(_))));
+        assert!(matches!(sample_seconds("seconds", -1.0), Err(CalibrationError::Sample(_))));
+        assert!(matches!(sample_seconds("seconds", 1e9), Err(CalibrationError::Implausible { .. })));
+        assert!(matches!(sample_non_negative("rtt_s", -0.1, 10.0), Err(CalibrationError::Sample(_))));
+        assert_eq!(sample_non_negative("rtt_s", 0.0, 10.0), Ok(0.0));
+    }
+}

@@ -1,0 +1,273 @@
+//! Recompute calibration for one engine: wall seconds as a function of new tokens, cached
+//! context and the engine's load, learnt as corrections to the profile the engine reports.
+//!
+//! The engine reports `profile(c, n) = linear · n + attention · (n·c + n(n+1)/2)`, measured on
+//! its own (often CPU) clock. What a migration waits for is wall time, which on a shared or
+//! busy host is a multiple of it. The fit is
+//!
+//! `seconds ≈ fixed + α_lin · L + α_attn · A + γ · load · (L + A)`
+//!
+//! with `L = linear · n`, `A = attention · pairs(c, n)` the profile's two terms, `fixed` the
+//! command's round trip and scheduling, and `load` whatever non-negative load figure the
+//! daemon has for the engine (its reported utilization when it has work queued, or its queue
+//! depth: the same figure at prediction time as at observation time). Prior: the profile is
+//! right (`α = 1`, `γ = 0`, `fixed = 0`).
+//!
+//! Owns: the per-engine fit and its conversion to a [`ComputeModel`]. Must not: read clocks or
+//! talk to the engine (samples are passed in).
+
+use serde::{Deserialize, Serialize};
+
+use super::fit::{FitConfig, RobustFit};
+use super::{CalibrationError, Prediction, sample_non_negative, sample_seconds};
+use crate::compute::ComputeModel;
+use crate::error::{ModelError, count, non_negative, positive};
+
+/// Largest load figure a sample may carry.
+const MAX_LOAD: f64 = 1e6;
+/// Smallest per-token cost the calibrated [`ComputeModel`] is given (it must be positive).
+const MIN_LINEAR_S: f64 = 1e-12;
+
+/// One completed recompute, as the daemon measured it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RecomputeObservation {
+    /// Tokens prefilled (≥ 1).
+    pub new_tokens: u64,
+    /// Tokens already in the cache before them (the context they attend to).
+    pub cached_tokens: u64,
+    /// The engine's load figure when the recompute was issued (≥ 0).
+    pub load: f64,
+    /// Wall seconds from the command to the engine's completion.
+    pub seconds: f64,
+}
+
+/// How far the prior may be off: one sd for each coefficient.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RecomputeSpread {
+    /// Sd of the fixed cost, seconds (prior mean 0).
+    pub fixed_s: f64,
+    /// Sd of the factor on the profile's linear term (prior mean 1).
+    pub linear_factor: f64,
+    /// Sd of the factor on the profile's attention term (prior mean 1).
+    pub attention_factor: f64,
+    /// Sd of the slowdown per unit of load (prior mean 0).
+    pub load_factor: f64,
+}
+
+impl Default for RecomputeSpread {
+    fn default() -> Self {
+        Self { fixed_s: 0.01, linear_factor: 1.0, attention_factor: 1.0, load_factor: 2.0 }
+    }
+}
+
+/// The calibrated figures: what `GetLinks` can export per engine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RecomputeEstimate {
+    /// Fixed seconds per recompute.
+    pub fixed_s: f64,
+    /// Factor on the profile's linear term.
+    pub linear_factor: f64,
+    /// Factor on the profile's attention term.
+    pub attention_factor: f64,
+    /// Slowdown per unit of load.
+    pub load_factor: f64,
+    /// Standard errors of the four figures above, in the same order.
+    pub sd: [f64; 4],
+    /// Calibrated seconds per token of the linear term at load 0.
+    pub linear_s_per_token: f64,
+    /// Calibrated seconds per (query, key) pair at load 0.
+    pub attention_s_per_pair: f64,
+    /// Fitted relative noise of one recompute.
+    pub noise: f64,
+    /// Samples accepted so far.
+    pub samples: u64,
+}
+
+/// Online recompute calibration for one engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecomputeCalibration {
+    fit: RobustFit<4>,
+    linear_s: f64,
+    attention_s: f64,
+    spread: RecomputeSpread,
+}
+
+impl RecomputeCalibration {
+    /// A calibration at the engine's reported profile (e.g.
+    /// [`ComputeModel::from_measured`]).
+    pub fn new(
+        profile: &ComputeModel,
+        spread: RecomputeSpread,
+        cfg: FitConfig,
+    ) -> Result<Self, CalibrationError> {
+        cfg.validate()?;
+        let (mean, sd) = prior_of(&spread)?;
+        let (linear_s, attention_s) = terms_of(profile)?;
+        Ok(Self { fit: RobustFit::new(cfg, mean, sd), linear_s, attention_s, spread })
+    }
+
+    /// The engine reported a new profile: keep the window, re-express it against the new
+    /// profile, and refit. The corrections then are relative to the new profile.
+    pub fn rebase(&mut self, profile: &ComputeModel) -> Result<(), CalibrationError> {
+        let (linear_s, attention_s) = terms_of(profile)?;
+        let (mean, sd) = prior_of(&self.spread)?;
+        let (old_l, old_a) = (self.linear_s, self.attention_s);
+        let rescale = |x: &[f64; 4]| {
+            let l = if old_l > 0.0 { x[1] / old_l * linear_s } else { 0.0 };
+            let a = if old_a > 0.0 { x[2] / old_a * attention_s } else { 0.0 };
+            let load = if x[1] + x[2] > 0.0 { x[3] / (x[1] + x[2]) } else { 0.0 };
+            [1.0, l, a, load * (l + a)]
+        };
+        self.fit.map_features(rescale);
+        self.linear_s = linear_s;
+        self.attention_s = attention_s;
+        self.fit.rebase(mean, sd);
+        Ok(())
+    }
+
+    /// Learns from one completed recompute. Refused samples leave the state unchanged.
+    pub fn observe(&mut self, obs: RecomputeObservation) -> Result<(), CalibrationError> {
+        count("recompute.new_tokens", obs.new_tokens).map_err(CalibrationError::Sample)?;
+        let load = sample_non_negative("recompute.load", obs.load, MAX_LOAD)?;
+        let y = sample_seconds("recompute.seconds", obs.seconds)?;
+        self.fit.push(self.features(obs.new_tokens, obs.cached_tokens, load), y);
+        Ok(())
+    }
+
+    /// Predicted wall seconds to prefill `new_tokens` on top of `cached_tokens` at `load`.
+    /// Prefilling nothing costs nothing.
+    pub fn predict(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> Result<Prediction, ModelError> {
+        non_negative("load", load)?;
+        let samples = self.fit.accepted();
+        if new_tokens == 0 {
+            return Ok(Prediction { samples, ..Prediction::exact(0.0) });
+        }
+        let x = self.features(new_tokens, cached_tokens, load);
+        let seconds = self.fit.mean_at(&x);
+        Ok(Prediction {
+            seconds,
+            std_error_s: self.fit.std_error_at(&x),
+            noise_s: self.fit.noise() * seconds,
+            samples,
+        })
+    }
+
+    /// The calibrated figures.
+    pub fn estimate(&self) -> RecomputeEstimate {
+        let [fixed_s, linear_factor, attention_factor, load_factor] = self.fit.theta();
+        RecomputeEstimate {
+            fixed_s,
+            linear_factor,
+            attention_factor,
+            load_factor,
+            sd: self.fit.theta_sd(),
+            linear_s_per_token: linear_factor * self.linear_s,
+            attention_s_per_pair: attention_factor * self.attention_s,
+            noise: self.fit.noise(),
+            samples: self.fit.accepted(),
+        }
+    }
+
+    /// The calibrated per-token costs at `load` as the cost model takes them. The fixed cost
+    /// ([`RecomputeEstimate::fixed_s`]) has no place in [`ComputeModel`]: add it to the
+    /// compute path's wait, or predictions of short prefixes stay low by that much.
+    pub fn compute_model(&self, load: f64) -> Result<ComputeModel, ModelError> {
+        non_negative("load", load)?;
+        let [_, al, aa, g] = self.fit.theta();
+        let linear = (self.linear_s * (al + g * load)).max(MIN_LINEAR_S);
+        let attention = self.attention_s * (aa + g * load);
+        ComputeModel::from_measured(linear, attention)
+    }
+
+    /// Samples accepted so far.
+    pub fn samples(&self) -> u64 {
+        self.fit.accepted()
+    }
+
+    fn features(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> [f64; 4] {
+        let n = new_tokens as f64;
+        let c = cached_tokens as f64;
+        let l = self.linear_s * n;
+        let a = self.attention_s * (n * c + n * (n + 1.0) / 2.0);
+        [1.0, l, a, load * (l + a)]
+    }
+}
+
+fn terms_of(profile: &ComputeModel) -> Result<(f64, f64), ModelError> {
+    let c = profile;
+    ComputeModel::new(c.active_params, c.peak_flops, c.mfu, c.attention)?;
+    Ok((c.linear_seconds_per_token(), c.attention_seconds_per_pair()))
+}
+
+fn prior_of(spread: &RecomputeSpread) -> Result<([f64; 4], [f64; 4]), ModelError> {
+    positive("spread.fixed_s", spread.fixed_s)?;
+    positive("spread.linear_factor", spread.linear_factor)?;
+    positive("spread.attention_factor", spread.attention_factor)?;
+    positive("spread.load_factor", spread.load_factor)?;
+    Ok((
+        [0.0, 1.0, 1.0, 0.0],
+        [spread.fixed_s, spread.linear_factor, spread.attention_factor, spread.load_factor],
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile() -> ComputeModel {
+        ComputeModel::from_measured(1.3e-3, 2e-7).unwrap()
+    }
+
+    #[test]
+    fn the_prior_is_the_profile() {
+        let c =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        let p = c.predict(192, 64, 0.0).unwrap();
+        let want = profile().recompute_span_seconds(64, 192);
+        assert!((p.seconds - want).abs() < 1e-12, "{} vs {want}", p.seconds);
+        let m = c.compute_model(0.0).unwrap();
+        assert!((m.recompute_span_seconds(64, 192) - want).abs() < 1e-12);
+        assert_eq!(c.predict(0, 10, 0.0).unwrap().seconds, 0.0);
+        assert!(c.predict(1, 0, -1.0).is_err());
+    }
+
+    #[test]
+    fn refused_samples_leave_the_state_unchanged() {
+        let mut c =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        let before = c.clone();
+        let ok = RecomputeObservation { new_tokens: 64, cached_tokens: 0, load: 0.0, seconds: 0.1 };
+        for bad in [
+            RecomputeObservation { new_tokens: 0, ..ok },
+            RecomputeObservation { load: f64::NAN, ..ok },
+            RecomputeObservation { load: -0.5, ..ok },
+            RecomputeObservation { seconds: f64::NAN, ..ok },
+            RecomputeObservation { seconds: -0.1, ..ok },
+            RecomputeObservation { seconds: 0.0, ..ok },
+            RecomputeObservation { seconds: f64::INFINITY, ..ok },
+        ] {
+            assert!(c.observe(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(c, before);
+        c.observe(ok).unwrap();
+        assert_eq!(c.samples(), 1);
+    }
+
+    #[test]
+    fn a_rebased_profile_keeps_the_wall_time_learnt() {
+        let mut c =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        for n in [32u64, 64, 128, 256].repeat(4) {
+            let seconds = 3.0 * profile().recompute_seconds(n);
+            c.observe(RecomputeObservation { new_tokens: n, cached_tokens: 0, load: 0.0, seconds }).unwrap();
+        }
+        let before = c.predict(100, 0, 0.0).unwrap().seconds;
+        // The engine now reports a profile twice as fast; the measured wall times did not change.
+        c.rebase(&ComputeModel::from_measured(0.65e-3, 1e-7).unwrap()).unwrap();
+        let after = c.predict(100, 0, 0.0).unwrap().seconds;
+        // The new prior (factor 1 on the new profile) is 5 sds from the learnt factor 6, and
+        // pulls a little: within 5 % after 16 samples.
+        assert!((after / before - 1.0).abs() < 0.05, "{before} -> {after}");
+        assert!(c.estimate().linear_factor > 4.0, "{:?}", c.estimate());
+    }
+}
