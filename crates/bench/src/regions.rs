@@ -85,7 +85,7 @@ pub struct RegionOptions {
     pub gbps: f64,
     pub rtt_ms: f64,
     /// `[transfer] congestion`.
-    pub congestion: String,
+    pub congestion: kvferry_peer::Congestion,
     /// `[transfer] streams`.
     pub streams: u32,
     /// `[limits] landing_zone_bytes`.
@@ -135,7 +135,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path, o: &RegionOptions) -> Str
         o.gbps,
         o.rtt_ms,
         o.landing_bytes,
-        o.congestion,
+        o.congestion.name(),
         o.streams,
     )
 }

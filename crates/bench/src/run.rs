@@ -19,6 +19,10 @@ use crate::session;
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
 
+fn parse_congestion(s: &str) -> Result<kvferry_peer::Congestion, String> {
+    kvferry_peer::Congestion::parse(s).ok_or_else(|| format!("{s:?}: must be cubic, bbr or newreno"))
+}
+
 /// Flags of `kvferry bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -46,9 +50,10 @@ pub struct BenchArgs {
     /// Prefix lengths per profile for decision quality [default: 8; quick: 4].
     #[arg(long)]
     pub decision_points: Option<usize>,
-    /// Congestion controller of the daemons (cubic | bbr | newreno).
-    #[arg(long, default_value = "bbr")]
-    pub congestion: String,
+    /// Congestion controller of the daemons (cubic | bbr | newreno); anything else is refused
+    /// when the flags are parsed.
+    #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
+    pub congestion: kvferry_peer::Congestion,
     /// Parallel QUIC streams per transfer.
     #[arg(long, default_value_t = 4)]
     pub streams: u32,
@@ -205,7 +210,7 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             shape,
             gbps: if link.rate_bps.is_finite() { link.rate_bps / 1e9 } else { 10.0 },
             rtt_ms: link.rtt_s * 1e3,
-            congestion: a.congestion.clone(),
+            congestion: a.congestion,
             streams: a.streams,
             landing_bytes: (max_session + max_session / 2).max(512 * MIB),
             vllm: vllm.clone(),
@@ -618,6 +623,14 @@ mod tests {
 
     fn args(v: &[&str]) -> BenchArgs {
         Cli::try_parse_from(std::iter::once("x").chain(v.iter().copied())).unwrap().bench
+    }
+
+    #[test]
+    fn the_congestion_flag_is_typed_when_parsed() {
+        assert_eq!(args(&[]).congestion, kvferry_peer::Congestion::Bbr);
+        assert_eq!(args(&["--congestion", "NewReno"]).congestion, kvferry_peer::Congestion::NewReno);
+        let e = Cli::try_parse_from(["x", "--congestion", "vegas"]).unwrap_err().to_string();
+        assert!(e.contains("must be cubic, bbr or newreno"), "{e}");
     }
 
     #[test]
