@@ -41,10 +41,11 @@ pub struct VllmOptions {
 }
 
 impl VllmOptions {
-    /// The default tiny seeded Llama (tests/vllm/make_model.py: 4 layers, 2 KV heads, head 64,
-    /// fp32), created under `dir` with `python`.
+    /// The bench's seeded Llama (tests/vllm/make_model.py: 4 layers, 8 heads and 2 KV heads of
+    /// 64, hidden 512, fp32: 4 KiB of KV per token), created under `dir` with `python`.
     pub fn tiny_llama(python: &Path, dir: &Path) -> anyhow::Result<Self> {
-        let model = dir.join("tiny-llama-f32");
+        let name = "tiny-llama-h512-f32";
+        let model = dir.join(name);
         if !model.join("config.json").exists() {
             let script = Path::new("tests/vllm/make_model.py");
             if !script.exists() {
@@ -56,6 +57,7 @@ impl VllmOptions {
             let st = std::process::Command::new(python)
                 .arg(script)
                 .arg(&model)
+                .args(["--layers", "4", "--heads", "8", "--kv-heads", "2", "--head-dim", "64"])
                 .stdout(std::process::Stdio::null())
                 .status()
                 .with_context(|| format!("running {} {}", python.display(), script.display()))?;
@@ -66,7 +68,7 @@ impl VllmOptions {
         Ok(Self {
             python: python.to_owned(),
             model,
-            served_name: "tiny-llama-f32".into(),
+            served_name: name.into(),
             dtype: "float32".into(),
             block_size: 128,
             max_model_len: 2048,
