@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvferry_layout::BlockHash;
-use kvferry_peer::{BlockCatalog, BoxFut, ChunkBytes, ChunkSink, ChunkSource, PoolChunks, RegionId, Served};
+use kvferry_peer::{
+    BlockCatalog, BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource, PoolChunks, RegionId, Served,
+};
 use kvferry_wire::ChunkSpec;
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
 
@@ -75,7 +77,7 @@ struct Corrupting {
 
 #[cfg(feature = "fault-injection")]
 impl ChunkSource for Corrupting {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         self.inner.read(spec)
     }
 
@@ -99,7 +101,7 @@ struct HintWhenServed {
 }
 
 impl ChunkSource for HintWhenServed {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             let out = self.inner.read(spec).await?;
             let mut g = self.read.locked();
@@ -195,7 +197,7 @@ struct Paced {
 }
 
 impl ChunkSource for Paced {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             tokio::time::sleep_until(self.pacer.book(spec.len).into()).await;
             self.inner.read(spec).await
@@ -307,20 +309,19 @@ pub(crate) struct Revalidated {
 pub const BLOCKS_REUSED: &str = "blocks reused by the engine during the read";
 
 impl ChunkSource for Revalidated {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             let out = self.inner.read(spec).await?;
-            let range = self
-                .blocks
-                .get(spec.blocks.0 as usize..spec.blocks.1 as usize)
-                .ok_or_else(|| format!("chunk {} names blocks past the transfer", spec.id))?;
+            let range = self.blocks.get(spec.blocks.0 as usize..spec.blocks.1 as usize).ok_or_else(|| {
+                ChunkError::Mismatch { chunk: spec.id, detail: "names blocks past the transfer".into() }
+            })?;
             let ix = self.engine.blocks.locked();
             if let Some((h, id, _)) = range.iter().find(|(h, id, g)| !ix.still_holds(h, *id, *g)) {
                 drop(ix);
                 self.metrics.served_reused.inc();
                 tracing::warn!(engine = %self.engine.engine_id, block = id, hash = %hex::encode(h),
                     "a served block was withdrawn during the read; ending the transfer");
-                return Err(format!("{BLOCKS_REUSED} (block id {id})"));
+                return Err(ChunkError::Withdrawn(format!("{BLOCKS_REUSED} (block id {id})")));
             }
             Ok(out)
         })
@@ -334,10 +335,14 @@ struct LandedSource {
 }
 
 impl ChunkSource for LandedSource {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             let refs: Vec<&[u8]> = self.blocks.iter().map(|b| b.bytes.as_slice()).collect();
-            Ok(Box::new(self.shape.gather(&spec, &refs)?) as ChunkBytes)
+            let bytes = self
+                .shape
+                .gather(&spec, &refs)
+                .map_err(|detail| ChunkError::Mismatch { chunk: spec.id, detail })?;
+            Ok(Box::new(bytes) as ChunkBytes)
         })
     }
 }
@@ -364,10 +369,12 @@ impl LandingSink {
 }
 
 impl ChunkSink for LandingSink {
-    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>> {
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
             let mut blocks = self.blocks.locked();
-            self.shape.scatter(&spec, payload, &mut blocks)?;
+            self.shape
+                .scatter(&spec, payload, &mut blocks)
+                .map_err(|detail| ChunkError::Mismatch { chunk: spec.id, detail })?;
             self.landed_bytes.fetch_add(payload.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         })
@@ -480,7 +487,7 @@ mod tests {
         // block id 3 (the second block) is reused: withdrawn (acked) before the engine writes
         e.blocks.lock().unwrap().remove_id(3, 1);
         let err = served.source.read(chunk(&e, (0, 3))).await.map(|_| ()).unwrap_err();
-        assert!(err.contains(BLOCKS_REUSED), "{err}");
+        assert!(matches!(&err, ChunkError::Withdrawn(d) if d.contains(BLOCKS_REUSED)), "{err}");
         // a chunk of only the other blocks still passes (the check is per chunk's blocks)
         served.source.read(chunk(&e, (0, 1))).await.unwrap();
         assert_eq!(cat.metrics.served_reused.get(), 1);
@@ -502,7 +509,7 @@ mod tests {
     }
 
     impl ChunkSource for EvictsDuringRead {
-        fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+        fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
             Box::pin(async move {
                 let out = self.inner.read(spec).await?;
                 if self.evict.load(Ordering::SeqCst) {
@@ -540,7 +547,7 @@ mod tests {
         src.read(chunk(&e, (0, 2))).await.unwrap();
         evict.store(true, Ordering::SeqCst);
         let err = src.read(chunk(&e, (0, 2))).await.map(|_| ()).unwrap_err();
-        assert!(err.contains("block id 2"), "{err}");
+        assert!(matches!(&err, ChunkError::Withdrawn(d) if d.contains("block id 2")), "{err}");
         assert_eq!(metrics.served_reused.get(), 1);
     }
 }

@@ -114,7 +114,7 @@ struct MemSource {
 }
 
 impl ChunkSource for MemSource {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
         let at = offset(&spec, self.blocks);
         let s = Slice { buf: self.buf.clone(), at, len: spec.len as usize };
         Box::pin(async move { Ok(Box::new(s) as ChunkBytes) })
@@ -312,11 +312,20 @@ struct MemSink {
 }
 
 impl ChunkSink for MemSink {
-    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>> {
+    fn land<'a>(
+        &'a self,
+        spec: ChunkSpec,
+        payload: &'a [u8],
+    ) -> BoxFut<'a, Result<(), kvferry_peer::ChunkError>> {
         Box::pin(async move {
             let at = offset(&spec, self.blocks);
-            let mut buf = self.buf.lock().map_err(|_| "poisoned".to_string())?;
-            buf.get_mut(at..at + payload.len()).ok_or("out of range")?.copy_from_slice(payload);
+            let mut buf = self.buf.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            buf.get_mut(at..at + payload.len())
+                .ok_or_else(|| kvferry_peer::ChunkError::Mismatch {
+                    chunk: spec.id,
+                    detail: "out of range".into(),
+                })?
+                .copy_from_slice(payload);
             Ok(())
         })
     }

@@ -15,10 +15,24 @@ pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Chunk bytes owned by whoever produced them (a heap buffer, a pool staging buffer).
 pub type ChunkBytes = Box<dyn AsRef<[u8]> + Send + Sync>;
 
+/// Why a chunk could not be read or landed, by origin.
+#[derive(Debug, thiserror::Error)]
+pub enum ChunkError {
+    /// The memory backend failed or refused the batch.
+    #[error("pool: {0}")]
+    Pool(#[from] kvferry_pool::PoolError),
+    /// The chunk does not fit this side's layout or transfer (a layout mismatch or a bug).
+    #[error("chunk {chunk}: {detail}")]
+    Mismatch { chunk: u32, detail: String },
+    /// The blocks were withdrawn or reused while they were read: the transfer must end.
+    #[error("{0}")]
+    Withdrawn(String),
+}
+
 /// Where the owner reads a chunk's bytes (in the layout's staging order).
 pub trait ChunkSource: Send + Sync {
     /// Returns exactly `spec.len` bytes of chunk `spec`.
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>>;
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>>;
 
     /// Fault injection (feature `fault-injection`, test builds only): whether the owner
     /// corrupts chunk `spec`'s payload *after* checksumming it, as a bit flip in memory or on
@@ -32,7 +46,7 @@ pub trait ChunkSource: Send + Sync {
 /// Where the requester lands a verified chunk.
 pub trait ChunkSink: Send + Sync {
     /// Writes a verified chunk's payload to its place.
-    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>>;
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>>;
 }
 
 /// Flips one bit of the payload when `source` asks for it (see

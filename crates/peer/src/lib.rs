@@ -13,7 +13,7 @@ mod router;
 pub mod tls;
 pub mod transport;
 
-pub use io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
+pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
 pub use node::{BlockCatalog, FetchPolicy, PeerConfig, PeerNode, Served};
 pub use pool_io::PoolChunks;
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};

@@ -170,7 +170,7 @@ async fn serve_transfer(
             if let Some(work) = owner.next_work() {
                 let spec = work.spec();
                 let lease = node.serve_budget.lease(spec.len).await?;
-                let bytes = served.source.read(spec).await.map_err(WireError::Local)?;
+                let bytes = served.source.read(spec).await.map_err(|e| WireError::Local(e.to_string()))?;
                 let header = owner.chunk_ready(work, (*bytes).as_ref())?;
                 if let (Some(h), Work::Send(_)) = (header, work) {
                     #[cfg(feature = "fault-injection")]

@@ -10,7 +10,7 @@ use kvferry_layout::PoolLayout;
 use kvferry_pool::{MemoryBackend, Staging};
 use kvferry_wire::ChunkSpec;
 
-use crate::io::{BoxFut, ChunkBytes, ChunkSink, ChunkSource};
+use crate::io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
 
 /// A transfer's view of one pool: which block ids hold the transfer's blocks, in order.
 pub struct PoolChunks {
@@ -42,20 +42,19 @@ impl PoolChunks {
             .then_some(first)
     }
 
-    fn staging_for(&self, spec: &ChunkSpec) -> Result<(Vec<kvferry_layout::Extent>, Staging), String> {
+    fn staging_for(&self, spec: &ChunkSpec) -> Result<(Vec<kvferry_layout::Extent>, Staging), ChunkError> {
+        let mismatch = |detail: String| ChunkError::Mismatch { chunk: spec.id, detail };
         let ids = self
             .block_ids
             .get(spec.blocks.0 as usize..spec.blocks.1 as usize)
-            .ok_or_else(|| format!("chunk {} names blocks past the transfer", spec.id))?;
-        let extents = self.layout.extents(ids, spec.layers.0..spec.layers.1).map_err(|e| e.to_string())?;
+            .ok_or_else(|| mismatch("names blocks past the transfer".into()))?;
+        let extents =
+            self.layout.extents(ids, spec.layers.0..spec.layers.1).map_err(|e| mismatch(e.to_string()))?;
         let len: u64 = extents.iter().map(|e| e.len).sum();
         if len != spec.len {
-            return Err(format!(
-                "chunk {} is {} bytes in this layout, {} on the wire",
-                spec.id, len, spec.len
-            ));
+            return Err(mismatch(format!("{len} bytes in this layout, {} on the wire", spec.len)));
         }
-        let staging = self.backend.staging(len as usize).map_err(|e| e.to_string())?;
+        let staging = self.backend.staging(len as usize)?;
         Ok((extents, staging))
     }
 }
@@ -72,21 +71,21 @@ impl AsRef<[u8]> for StagingBytes {
 }
 
 impl ChunkSource for PoolChunks {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             let (extents, mut staging) = self.staging_for(&spec)?;
-            self.backend.read(&extents, &mut staging).await.map_err(|e| e.to_string())?;
+            self.backend.read(&extents, &mut staging).await?;
             Ok(Box::new(StagingBytes { staging, len: spec.len as usize }) as ChunkBytes)
         })
     }
 }
 
 impl ChunkSink for PoolChunks {
-    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>> {
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
             let (extents, mut staging) = self.staging_for(&spec)?;
             staging.as_mut_slice()[..payload.len()].copy_from_slice(payload);
-            self.backend.write(&extents, &staging).await.map_err(|e| e.to_string())
+            Ok(self.backend.write(&extents, &staging).await?)
         })
     }
 }

@@ -162,7 +162,7 @@ impl PeerNode {
                             ChunkVerdict::Land(spec) => {
                                 if let Err(e) = sink.land(spec, &payload).await {
                                     return Err(core.cancel(&format!("landing failed: {e}")))
-                                        .map_err(|_| WireError::Local(e));
+                                        .map_err(|_| WireError::Local(e.to_string()));
                                 }
                                 if stats.first_layer.is_none() && core.first_layer_verified() {
                                     stats.first_layer = Some(t0.elapsed());

@@ -90,7 +90,7 @@ struct Counting {
 }
 
 impl ChunkSource for Counting {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
         self.bytes.fetch_add(spec.len, Ordering::Relaxed);
         self.inner.read(spec)
     }
@@ -367,7 +367,7 @@ struct CorruptOnce {
 }
 
 impl ChunkSource for CorruptOnce {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, String>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
         Box::pin(async move {
             let real = self.inner.read(spec).await?;
             if spec.id != self.chunk || self.done.swap(true, Ordering::Relaxed) {
@@ -401,7 +401,11 @@ struct SlowSink {
 }
 
 impl ChunkSink for SlowSink {
-    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), String>> {
+    fn land<'a>(
+        &'a self,
+        spec: ChunkSpec,
+        payload: &'a [u8],
+    ) -> BoxFut<'a, Result<(), kvferry_peer::ChunkError>> {
         Box::pin(async move {
             tokio::time::sleep(self.delay).await;
             self.inner.land(spec, payload).await?;
