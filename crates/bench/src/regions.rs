@@ -122,22 +122,27 @@ fn addr(ip: Ipv4Addr, port: u16) -> SocketAddr {
 }
 
 fn config(me: &Region, other: &Region, dev_dir: &Path, o: &RegionOptions) -> String {
-    format!(
-        "region = \"{}\"\ntrust_domain = \"kvferry.bench\"\nrun_dir = \"{}\"\n\n[listen]\ngrpc = \"{}\"\npeer = \"{}\"\nhttp = \"{}\"\n\n[tls]\nmode = \"dev\"\ndev_dir = \"{}\"\n\n[[peers]]\nregion = \"{}\"\naddr = \"{}\"\ngbps = {}\nrtt_ms = {}\n\n[limits]\nstaging_bytes = 268435456\nlanding_zone_bytes = {}\ndefault_deadline_ms = 900000\n\n[transfer]\ncongestion = \"{}\"\nstreams = {}\n",
-        me.name,
-        me.dir.display(),
-        me.grpc,
-        me.peer,
-        me.http,
-        dev_dir.display(),
-        other.name,
-        other.peer,
-        o.gbps,
-        o.rtt_ms,
-        o.landing_bytes,
-        o.congestion.name(),
-        o.streams,
-    )
+    use kvferry_daemon::config::{Listen, Peer};
+    let mut cfg = kvferry_daemon::Config {
+        region: me.name.into(),
+        trust_domain: "kvferry.bench".into(),
+        run_dir: me.dir.clone(),
+        listen: Listen { grpc: me.grpc, peer: me.peer, http: me.http },
+        peers: vec![Peer {
+            region: other.name.into(),
+            addr: other.peer,
+            gbps: o.gbps,
+            rtt_ms: o.rtt_ms,
+            max_egress_gbps: 0.0,
+        }],
+        ..kvferry_daemon::Config::default()
+    };
+    cfg.tls.dev_dir = dev_dir.to_owned();
+    cfg.limits.staging_bytes = 256 << 20;
+    cfg.limits.landing_zone_bytes = o.landing_bytes;
+    cfg.limits.default_deadline_ms = 900_000;
+    (cfg.transfer.congestion, cfg.transfer.streams) = (o.congestion, o.streams);
+    cfg.to_toml()
 }
 
 /// A TCP connection made from inside a namespace (a dedicated thread enters it; the socket
@@ -371,5 +376,55 @@ impl Regions {
                 let _ = c.kill().await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region(name: &'static str, side: Side, ip: [u8; 4]) -> Region {
+        let ip = Ipv4Addr::from(ip);
+        Region {
+            name,
+            side,
+            dir: PathBuf::from(format!("/tmp/{name}")),
+            ns_path: PathBuf::new(),
+            grpc: addr(ip, 7070),
+            http: addr(ip, 7072),
+            peer: addr(ip, 7071),
+            daemon_pid: 0,
+            engine_pid: 0,
+        }
+    }
+
+    #[test]
+    fn a_regions_daemon_config_is_the_daemons_own_format_with_the_options() {
+        let (a, b) =
+            (region("region-a", Side::A, [198, 18, 0, 1]), region("region-b", Side::B, [198, 18, 0, 2]));
+        let o = RegionOptions {
+            exe: PathBuf::from("kvferry"),
+            shape: EngineShape {
+                layers: 2,
+                hidden: 64,
+                heads: 2,
+                kv_heads: 2,
+                head_dim: 32,
+                ffn: 64,
+                num_blocks: 64,
+            },
+            gbps: 0.5,
+            rtt_ms: 20.0,
+            congestion: kvferry_peer::Congestion::NewReno,
+            streams: 8,
+            landing_bytes: 1 << 30,
+            vllm: None,
+        };
+        let cfg = kvferry_daemon::Config::parse(&config(&a, &b, Path::new("/tmp/dev"), &o)).unwrap();
+        assert_eq!((cfg.region.as_str(), cfg.listen.grpc), ("region-a", a.grpc));
+        assert_eq!((cfg.peers[0].region.as_str(), cfg.peers[0].addr), ("region-b", b.peer));
+        assert_eq!((cfg.peers[0].gbps, cfg.peers[0].rtt_ms), (0.5, 20.0));
+        assert_eq!((cfg.transfer.congestion, cfg.transfer.streams), (kvferry_peer::Congestion::NewReno, 8));
+        assert_eq!((cfg.limits.landing_zone_bytes, cfg.limits.default_deadline_ms), (1 << 30, 900_000));
     }
 }
