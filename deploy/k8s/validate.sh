@@ -122,6 +122,7 @@ else
             }
             issue peer "$r" "URI:spiffe://$td/region/$r" serverAuth,clientAuth
             issue router kvferry "DNS:kvferry,DNS:localhost,IP:127.0.0.1" serverAuth
+            mkdir -p client && issue client router "URI:spiffe://$td/router/validate" clientAuth
         )
         # Only paths and peer addresses change: TLS files to the throwaway ones, peers to
         # loopback (nothing is sent to them at start; no traffic leaves this machine).
@@ -138,11 +139,22 @@ else
             sleep 0.1
         done
         ready="$( [ -n "$http" ] && curl -sf "http://$http/readyz" || true)"
+        # The router port: mutual TLS with a router-client-shaped certificate works, and a
+        # caller without a client certificate is refused.
+        grpc="$(sed -n 's/.* grpc \(127\.0\.0\.1:[0-9]*\) peer .*/\1/p' "$d/stdout")"
+        links=fail nocert=fail
+        if [ -n "$grpc" ]; then
+            timeout 20 "$BIN" links --daemon "https://$grpc" --tls-domain kvferry --tls-ca "$d/tls/ca.crt" \
+                --tls-cert "$d/tls/client/tls.crt" --tls-key "$d/tls/client/tls.key" > "$d/links.out" 2>&1 && links=ok
+            timeout 20 "$BIN" links --daemon "https://$grpc" --tls-domain kvferry --tls-ca "$d/tls/ca.crt" \
+                > "$d/nocert.out" 2>&1 || nocert=refused
+        fi
         kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
-        if [ "$ready" = "ready" ]; then
-            daemon_ok=$((daemon_ok + 1)); say "daemon $r: started on the rendered config ($(head -1 "$d/stdout")), /readyz: ready"
+        if [ "$ready" = "ready" ] && [ "$links" = ok ] && [ "$nocert" = refused ]; then
+            daemon_ok=$((daemon_ok + 1)); say "daemon $r: started on the rendered config ($(head -1 "$d/stdout")), /readyz: ready, router mTLS: links ok, no client cert refused"
         else
-            say "daemon $r: did NOT start on the rendered config:"; tail -5 "$d/stderr" "$d/stdout" >&2; exit 1
+            say "daemon $r: failed on the rendered config (readyz=${ready:-none} links=$links no-cert=$nocert):"
+            tail -5 "$d/stderr" "$d/stdout" "$d/links.out" "$d/nocert.out" >&2 2>/dev/null; exit 1
         fi
     done
     # And the daemon's own parser refuses what validate.py refuses (deny_unknown_fields).
