@@ -89,7 +89,7 @@ negative "unknown Certificate field"     's/^  secretName: kvferry-peer-tls$/  s
 negative "wrong peer URI SAN"            's#spiffe://kvferry.example/region/region-a#spiffe://kvferry.example/region/a#'
 negative "second URI SAN"                's#^  - spiffe://kvferry.example/region/region-a$#&\n  - spiffe://kvferry.example/region/other#'
 negative "unknown kvferry.toml key"      's/^    trust_domain = "kvferry.example"$/&\n    trustdomain = "x"/'
-negative "misspelt [tls] key"            's/^    client_ca = /    client-ca = /'
+negative "misspelt [router_tls] key"     's/^    client_ca = /    client-ca = /'
 negative "TOML type error"               's/^    rtt_ms = 40.0$/    rtt_ms = "40"/'
 negative "TOML rule: streams = 0"        's/^    congestion = "cubic"$/&\n    streams = 0/'
 negative "TOML does not parse"           's/^    region = "region-a"$/    region = region-a/'
