@@ -168,4 +168,6 @@ else
     say "daemon refuses an unknown key: $(grep -m1 trustdomain "$d/bad.stderr" | cut -c1-140)"
 fi
 
+# A temp output dir is kept on failure (above: exit before here) and removed on success.
+[ -n "${KVFERRY_K8S_OUT:-}" ] || rm -rf "$OUT"
 echo "k8s validate: ${#REGIONS[@]} regions rendered and valid, $neg_ok/$neg_total negative cases caught, daemon start $daemon_ok/${#REGIONS[@]}${BIN:+ ($BIN)}"
