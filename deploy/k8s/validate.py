@@ -339,6 +339,10 @@ def check_region(where: str, docs: list[dict], cfg: dict, fail: Failures) -> dic
         if tls.get(k) and not in_secret(tls[k], peer_cert["spec"]["secretName"] if peer_cert else "kvferry-peer-tls"):
             fail.add(where, f"tls.{k} {tls[k]} is not a file of the mounted peer certificate Secret")
     server = one(docs, "Certificate", "kvferry-router-server", where, fail)
+    if server:
+        ns = server["metadata"].get("namespace", "default")
+        if f"kvferry.{ns}.svc" not in server["spec"].get("dnsNames", []):
+            fail.add(where, f"router server Certificate lacks DNS name kvferry.{ns}.svc (namespace changed without the patch?)")
     for k in ("cert", "key", "client_ca"):
         if rt.get(k) and not in_secret(rt[k], server["spec"]["secretName"] if server else "kvferry-router-server-tls"):
             fail.add(where, f"router_tls.{k} {rt[k]} is not a file of the mounted router server Secret")

@@ -96,6 +96,7 @@ negative "TOML does not parse"           's/^    region = "region-a"$/    region
 negative "peer address not the LB"       's/203.0.113.20:7071/203.0.113.21:7071/'
 negative "daemon_socket outside run_dir" 's#"daemon_socket": "/run/kvferry/engine.sock"#"daemon_socket": "/tmp/engine.sock"#'
 negative "tls.key not in the Secret"     's#key = "/etc/kvferry-tls/peer/tls.key"#key = "/etc/kvferry/tls.key"#'
+negative "router DNS name not the namespace" 's/^  - kvferry.kvferry.svc$/  - kvferry.other.svc/'
 negative "readiness on /healthz"         '/readinessProbe:/,/path:/s#path: /readyz#path: /healthz#'
 if [ "$neg_ok" != "$neg_total" ]; then say "negative cases: only $neg_ok of $neg_total caught"; exit 1; fi
 
