@@ -122,6 +122,11 @@ def check_toml_types(where: str, value, rust: str, structs: dict, config_rs: Pat
         "u64": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**64,
         "u32": lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32,
         "SocketAddr": lambda v: isinstance(v, str) and socket_addr(v) is not None,
+        # config.rs / transport.rs enums (the daemon's own parse is the authority; step 4
+        # starts a real daemon on every rendered config).
+        "TlsMode": lambda v: v in ("dev", "files"),
+        "RouterTlsMode": lambda v: v in ("off", "dev", "files"),
+        "Congestion": lambda v: isinstance(v, str) and v.lower() in ("cubic", "bbr", "newreno", "new-reno", "reno"),
     }.get(rust)
     if ok is None:
         fail.add(where, f"validate.py does not know the Rust type {rust}; update it")

@@ -139,7 +139,7 @@ else
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
-        ready="$( [ -n "$http" ] && curl -sf "http://$http/readyz" || true)"
+        ready="$( [ -n "$http" ] && curl -sf "http://$http/readyz" | head -1 || true)"
         # The router port: mutual TLS with a router-client-shaped certificate works, and a
         # caller without a client certificate is refused.
         grpc="$(sed -n 's/.* grpc \(127\.0\.0\.1:[0-9]*\) peer .*/\1/p' "$d/stdout")"
