@@ -56,6 +56,13 @@ tenant = "{CORRUPT_ALWAYS}"
 chunks = 1000000
 """
 
+# B's daemon fails every Load for this tenant (fault injection): the connector must report the
+# blocks through get_block_ids_with_load_errors and vLLM must recompute them.
+FAIL_LOADS = "t-load-fails"
+B_FAULTS = f"""[faults]
+fail_loads = ["{FAIL_LOADS}"]
+"""
+
 CASES = [
     Case(
         ModelShape(
@@ -70,7 +77,16 @@ CASES = [
         ),
         egress_gbps=0.02,
         chunk_bytes=1 << 20,
-        phases=("fetch", "recompute", "auto", "wrong_tenant", "evicted_before", "corrupt", "cut"),
+        phases=(
+            "fetch",
+            "recompute",
+            "auto",
+            "wrong_tenant",
+            "evicted_before",
+            "corrupt",
+            "load_fails",
+            "cut",
+        ),
     ),
     Case(
         ModelShape(
@@ -175,6 +191,7 @@ def run_case(case: Case, work: Path, bin_dir: Path, model_dir: Path, only: set[s
     a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=case.egress_gbps)
     a.chunk_bytes = b.chunk_bytes = case.chunk_bytes
     a.extra_config = FAULTS
+    b.extra_config = B_FAULTS
     out: dict[str, Any] = {"shape": shape.__dict__, "egress_gbps": case.egress_gbps}
     rng = random.Random(7)
     try:
@@ -370,6 +387,29 @@ def phase_corrupt(a: Region, b: Region, rng: random.Random, shape: ModelShape) -
     return out
 
 
+def phase_load_fails(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    """The prefix lands in B, but B's daemon fails the connector's Load of it: vLLM B must
+    recompute those blocks (never run on unloaded memory) and answer exactly as a cold B."""
+    bs = shape.block_size
+    ctx, turn2 = conversation(a, FAIL_LOADS, rng, 4 * bs)
+    m = migrate(b, a, FAIL_LOADS, ctx, "fetch")
+    check(m["receipt"] == "fetch" and not m["fallback"], "load fails: the fetch itself landed", **m)
+    log = b.dir / "vllm.log"
+    text = log.read_text(errors="replace")
+    before = (text.count("vLLM recomputes them"), text.count("Recovered from KV load failure"))
+    r = b.complete(turn2, 16, tenant=FAIL_LOADS)
+    text = log.read_text(errors="replace")
+    m["failed_loads"] = text.count("vLLM recomputes them") - before[0]
+    m["vllm_recoveries"] = text.count("Recovered from KV load failure") - before[1]
+    check(m["failed_loads"] >= 1, "load fails: the connector saw the failed Load", **m)
+    check(m["vllm_recoveries"] >= 1, "load fails: vLLM's scheduler rescheduled the blocks to recompute", **m)
+    check(
+        r["tokens"] == reference(b, turn2, "load-fails"),
+        "load fails: vLLM recomputed; tokens equal a full recompute",
+    )
+    return m
+
+
 def phase_cut(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
     """The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
     Runs last for its pair: daemon A is gone afterwards."""
@@ -404,6 +444,7 @@ PHASES = {
     "evicted_before": phase_evicted_before,
     "evicted_during": phase_evicted_during,
     "corrupt": phase_corrupt,
+    "load_fails": phase_load_fails,
     "cut": phase_cut,
 }
 

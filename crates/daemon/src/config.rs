@@ -157,6 +157,9 @@ pub struct Config {
 pub struct Faults {
     /// Chunks served to peers for these tenants are corrupted after their checksum.
     pub corrupt: Vec<CorruptFault>,
+    /// Engine `Load` calls for these tenants fail (UNAVAILABLE) before any byte is written, as
+    /// a daemon losing its landing zone would: the engine must recompute, never use the blocks.
+    pub fail_loads: Vec<String>,
 }
 
 /// Corrupt the first `chunks` chunk sends (across transfers) of `tenant`'s blocks.
@@ -436,6 +439,12 @@ impl Config {
         if !name_ok(&self.trust_domain) {
             return Err(invalid("trust_domain", "must be non-empty: letters, digits, '-', '.', '_'"));
         }
+        if !self.faults.fail_loads.is_empty() && !cfg!(feature = "fault-injection") {
+            return Err(invalid(
+                "faults.fail_loads",
+                "fault injection is for test builds: this daemon was built without feature `fault-injection`",
+            ));
+        }
         if !self.faults.corrupt.is_empty() && !cfg!(feature = "fault-injection") {
             return Err(invalid(
                 "faults.corrupt",
@@ -631,6 +640,11 @@ mod tests {
         assert_eq!(parsed.unwrap().faults.corrupt, vec![CorruptFault { tenant: "t".into(), chunks: 2 }]);
         #[cfg(not(feature = "fault-injection"))]
         assert!(parsed.unwrap_err().to_string().contains("faults.corrupt"));
+        let parsed = Config::parse("[faults]\nfail_loads = [\"t\"]");
+        #[cfg(feature = "fault-injection")]
+        assert_eq!(parsed.unwrap().faults.fail_loads, vec!["t".to_owned()]);
+        #[cfg(not(feature = "fault-injection"))]
+        assert!(parsed.unwrap_err().to_string().contains("faults.fail_loads"));
     }
 
     #[test]

@@ -413,6 +413,11 @@ impl Engine for EngineService {
     async fn load(&self, req: Request<LoadRequest>) -> Result<Response<LoadResponse>, Status> {
         let r = req.into_inner();
         let engine = self.engine(&r.lease_id)?;
+        #[cfg(feature = "fault-injection")]
+        if self.shared.config.faults.fail_loads.contains(&r.tenant) {
+            tracing::warn!(tenant = %r.tenant, "fault injection: failing a Load");
+            return Err(Status::unavailable("fault injection: Load failed on purpose"));
+        }
         if r.block_hashes.len() != r.block_ids.len() {
             return Err(DaemonError::Invalid("block_hashes and block_ids differ in length".into()).into());
         }
