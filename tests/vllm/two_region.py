@@ -219,6 +219,21 @@ def run_case(case: Case, work: Path, bin_dir: Path, model_dir: Path, only: set[s
         b.stop()
 
 
+def next_turn_warm(
+    b: Region, turn2: list[int], tenant: str, ctx: list[int], bs: int, what: str
+) -> dict[str, Any]:
+    """B's next turn: its prefix cache must hold the full blocks of `ctx`, and its greedy
+    tokens must equal those of a B that recomputed everything."""
+    r = b.complete(turn2, 16, tenant=tenant)
+    check(
+        r["cached_tokens"] >= full_tokens(len(ctx), bs),
+        f"{what}: next turn cached",
+        cached=r["cached_tokens"],
+    )
+    check(r["tokens"] == reference(b, turn2, what), f"{what}: tokens equal a full recompute")
+    return r
+
+
 def phase_fetch(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
     bs = shape.block_size
     ctx, turn2 = conversation(a, "t-fetch", rng, 6 * bs - 20)
@@ -243,13 +258,7 @@ def phase_recompute(a: Region, b: Region, rng: random.Random, shape: ModelShape)
     ctx, turn2 = conversation(a, "t-rec", rng, 4 * bs + 10)
     m = migrate(b, a, "t-rec", ctx, "recompute")
     check(m["receipt"] == "recompute" and m["bytes_moved"] == 0, "recompute executed, no bytes moved", **m)
-    r = b.complete(turn2, 16, tenant="t-rec")
-    check(
-        r["cached_tokens"] >= full_tokens(len(ctx), bs),
-        "B's prefix cache holds the recomputed prefix",
-        cached=r["cached_tokens"],
-    )
-    check(r["tokens"] == reference(b, turn2, "rec"), "recompute: tokens equal a full recompute")
+    next_turn_warm(b, turn2, "t-rec", ctx, bs, "recompute")
     return m
 
 
@@ -268,13 +277,7 @@ def phase_auto(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> d
         f"measured {m['measured_s']:.3f} s",
         flush=True,
     )
-    r = b.complete(turn2, 16, tenant="t-auto")
-    check(
-        r["cached_tokens"] >= full_tokens(len(ctx), bs),
-        "auto: next turn finds the prefix warm",
-        cached=r["cached_tokens"],
-    )
-    check(r["tokens"] == reference(b, turn2, "auto"), "auto: tokens equal a full recompute")
+    next_turn_warm(b, turn2, "t-auto", ctx, bs, "auto")
     return m
 
 
@@ -353,15 +356,7 @@ def phase_corrupt(a: Region, b: Region, rng: random.Random, shape: ModelShape) -
     out["once"] = m
     check(m["failed_verification"] >= 1, "corrupted chunk: B's verification caught it", **m)
     check(m["receipt"] == "fetch" and not m["fallback"], "corrupted chunk: refetched, fetch completed", **m)
-    r = b.complete(turn2, 16, tenant=CORRUPT_ONCE)
-    check(
-        r["cached_tokens"] >= full_tokens(len(ctx), bs),
-        "corrupted chunk: next turn cached",
-        cached=r["cached_tokens"],
-    )
-    check(
-        r["tokens"] == reference(b, turn2, "corrupt-once"), "corrupted chunk: tokens equal a full recompute"
-    )
+    next_turn_warm(b, turn2, CORRUPT_ONCE, ctx, bs, "corrupt-once")
     # Corrupted every time: B gives up on the fetch and recomputes; nothing invalid lands.
     ctx, turn2 = conversation(a, CORRUPT_ALWAYS, rng, 4 * bs)
     bad0 = b.metric("kvferry_chunks_failed_verification_total")
