@@ -111,6 +111,13 @@ impl Conn {
         };
         if let Err(e) = sent {
             self.pending().waiters.remove(&req);
+            if matches!(e, PoolError::Closed) {
+                // The socket closed under our send: the helper is gone. Say so the same way
+                // the reader thread does, whichever of the two noticed first.
+                let why = self.exit_reason();
+                self.pending().dead.get_or_insert_with(|| why.clone());
+                return Err(gone(&why));
+            }
             return Err(e);
         }
         Ok(req)
