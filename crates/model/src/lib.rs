@@ -36,7 +36,7 @@ pub mod split;
 
 pub use calibration::{
     CalibrationError, FetchCalibration, FetchObservation, HedgeChoice, HedgeDecision, HedgePolicy,
-    Prediction, RecomputeCalibration, RecomputeObservation, hedge,
+    Prediction, RecomputeCalibration, RecomputeObservation, calibrated, hedge,
 };
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};
