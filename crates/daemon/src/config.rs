@@ -305,6 +305,10 @@ pub struct PolicyDefaults {
     pub eviction_hints: bool,
     /// Fraction of an engine's pool in use (blocks it reported stored) from which hints are sent.
     pub eviction_hint_pool_use: f64,
+    /// Decide from calibrated costs: every executed fetch and recompute refits the link's fixed
+    /// and per-byte cost and the engine's wall-time prefill cost (`kvferry_model::calibration`).
+    /// `false`: the live estimator's figures and the engine's reported profile, uncorrected.
+    pub calibrate: bool,
 }
 
 impl Default for Config {
@@ -378,6 +382,7 @@ impl Default for PolicyDefaults {
             split_min_gain: 0.05,
             eviction_hints: true,
             eviction_hint_pool_use: 0.9,
+            calibrate: true,
         }
     }
 }

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kvferry_model::MigrationAction;
 use kvferry_model::migration::fallback_reserve_s;
+use kvferry_model::{FetchObservation, MigrationAction, RecomputeObservation};
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
     DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
@@ -50,7 +50,7 @@ pub async fn execute(
             receipt.path = format!("{}: already in this region", shared.config.region);
         }
         MigrationAction::Recompute => {
-            let n = recompute(p, plan.recompute_tokens).await?;
+            let n = recompute(shared, p, plan.recompute_tokens).await?;
             receipt.tokens_ready = n;
             receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
         }
@@ -60,8 +60,10 @@ pub async fn execute(
         },
         MigrationAction::Split => {
             let k = plan.recompute_tokens;
-            let (rec, fet) =
-                tokio::join!(recompute(p, k), fetch(shared, p, plan.fetch_from, plan.fetch_end, events));
+            let (rec, fet) = tokio::join!(
+                recompute(shared, p, k),
+                fetch(shared, p, plan.fetch_from, plan.fetch_end, events)
+            );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
                     fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs);
@@ -116,7 +118,7 @@ async fn fallback(
         return Err(e);
     }
     tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
-    let n = recompute(p, total).await?;
+    let n = recompute(shared, p, total).await?;
     set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
     receipt.tokens_ready = n;
@@ -127,10 +129,13 @@ async fn fallback(
 }
 
 /// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
-async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+/// A completed recompute's wall time (command to acknowledgement) feeds the engine's
+/// calibration.
+async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
+    let started = Instant::now();
     let sender =
         p.engine.commands.locked().clone().ok_or_else(|| {
             DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
@@ -148,7 +153,19 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     sender.send(Ok(cmd)).await.map_err(|_| DaemonError::Unavailable("engine detached".into()))?;
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     match tokio::time::timeout(remaining, rx).await {
-        Ok(Ok(Ok(tokens))) => Ok(tokens),
+        Ok(Ok(Ok(tokens))) => {
+            if shared.config.policy.calibrate {
+                let obs = RecomputeObservation {
+                    new_tokens: n as u64,
+                    cached_tokens: 0,
+                    load: p.engine_load,
+                    seconds: started.elapsed().as_secs_f64(),
+                };
+                let profile = *p.engine.profile.locked();
+                shared.calib.observe_recompute(&p.engine.engine_id, profile, obs);
+            }
+            Ok(tokens)
+        }
         Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
         Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
         Err(_) => {
@@ -158,7 +175,8 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     }
 }
 
-/// Fetches blocks `[from, end)` from the source into the landing zone.
+/// Fetches blocks `[from, end)` from the source into the landing zone. A completed fetch's
+/// wall time (request to the last verified block landed) feeds the link's calibration.
 async fn fetch(
     shared: &Arc<Shared>,
     p: &Prepared,
@@ -166,6 +184,7 @@ async fn fetch(
     end: usize,
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
+    let started = Instant::now();
     let (src, _) = p.source.clone().ok_or_else(|| DaemonError::Internal("fetch without a source".into()))?;
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
     let id =
@@ -257,6 +276,16 @@ async fn fetch(
         shared.links.record_goodput(&src, r.bytes, secs);
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
+    if shared.config.policy.calibrate
+        && let Some(fig) = p.figures
+    {
+        let obs = FetchObservation {
+            wire_bytes: r.bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            rtt_s: r.rtt.as_secs_f64(),
+        };
+        shared.calib.observe_fetch(&src, &fig, obs);
+    }
     Ok(r)
 }
 

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use kvferry_layout::BlockHash;
 use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
-    Decision as ModelDecision, KvFootprint, KvShape, MigrationAction, Mode, PlanError, PlanReason, Policy,
-    plan_migration,
+    Decision as ModelDecision, FetchCalibration, KvFootprint, KvShape, MigrationAction, Mode, PlanError,
+    PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
 use kvferry_wire::WireError;
@@ -41,6 +41,11 @@ pub struct Prepared {
     /// The source's serving load, from its answer to the query.
     pub source_load: Option<kvferry_wire::frame::LoadReport>,
     pub policy: Policy,
+    /// The source link's and the engine's calibrations as of the decision (`None` with
+    /// `policy.calibrate = false`), and the engine load they are evaluated at.
+    pub fetch_cal: Option<FetchCalibration>,
+    pub recompute_cal: Option<RecomputeCalibration>,
+    pub engine_load: f64,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -63,6 +68,10 @@ pub struct Planned {
     pub fetch_end: usize,
     pub recompute_tokens: usize,
     pub predicted_s: f64,
+    /// The calibrated predictions of the two pure actions, with their bands (when the model
+    /// was asked and calibration is on).
+    pub fetch_prediction: Option<Prediction>,
+    pub recompute_prediction: Option<Prediction>,
 }
 
 /// Parses `grpc-timeout` (`<digits><unit>`, unit one of H M S m u n).
@@ -179,6 +188,10 @@ pub async fn prepare(
         })
         .count();
     let policy = policy_of(shared, r, block_size);
+    let engine_load = {
+        let u = engine.load.locked().utilization;
+        if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
+    };
 
     let mut p = Prepared {
         session_id: r.session_id.clone(),
@@ -195,6 +208,9 @@ pub async fn prepare(
         figures: None,
         source_load: None,
         policy,
+        fetch_cal: None,
+        recompute_cal: None,
+        engine_load,
     };
     if local_blocks == p.hashes.len() {
         return Ok(p);
@@ -250,6 +266,13 @@ pub async fn prepare(
     }
     p.source = best;
     p.source_load = best_load;
+    if shared.config.policy.calibrate {
+        if let (Some((region, _)), Some(fig)) = (&p.source, &p.figures) {
+            p.fetch_cal = shared.calib.fetch(region, fig);
+        }
+        let profile = *p.engine.profile.locked();
+        p.recompute_cal = shared.calib.recompute(&p.engine.engine_id, profile);
+    }
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));
     }
@@ -272,8 +295,15 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
     .map_err(|x| DaemonError::Internal(x.to_string()))
 }
 
+/// Tokens the model prices: the source's blocks beyond the local ones.
+fn priced_tokens(p: &Prepared) -> u64 {
+    let held = p.source.as_ref().map_or(0, |(_, n)| u64::from(*n));
+    held.saturating_sub(p.local_blocks as u64) * u64::from(p.block_size)
+}
+
 /// The plain inputs of the cost comparison: the engine's layout and profile, the link
-/// figures, both paths' loads. `None` when nothing was measured about a source.
+/// figures, both paths' loads, with the calibrations applied
+/// ([`kvferry_model::calibrated`]). `None` when nothing was measured about a source.
 fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
     let Some(fig) = p.figures else { return Ok(None) };
     let prof = *p.engine.profile.locked();
@@ -281,7 +311,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         let l = p.engine.load.locked();
         compute_utilization(l.queue_depth, l.utilization)
     };
-    Ok(Some(Measured {
+    let m = Measured {
         kv: footprint(&p.engine)?,
         linear_s_per_token: prof.linear_s_per_token,
         attention_s_per_pair: prof.attention_s_per_pair,
@@ -289,7 +319,27 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         rtt_s: fig.rtt_s,
         fetch_utilization: source_utilization(p),
         compute_utilization,
-    }))
+    };
+    kvferry_model::calibrated(
+        &m,
+        p.fetch_cal.as_ref(),
+        p.recompute_cal.as_ref(),
+        p.engine_load,
+        priced_tokens(p),
+    )
+    .map(Some)
+    .map_err(|e| DaemonError::Internal(format!("calibration: {e}")))
+}
+
+/// The calibrated predictions (mean and band) of fetching and of recomputing what the model
+/// priced, when the model was asked.
+fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Prediction>, Option<Prediction>) {
+    let (Some(d), Some(fig)) = (model, p.figures) else { return (None, None) };
+    let tokens = priced_tokens(p);
+    let bytes = (tokens as f64 * d.bytes_per_token) as u64;
+    let fetch = p.fetch_cal.as_ref().and_then(|c| c.predict(bytes, fig.rtt_s).ok());
+    let recompute = p.recompute_cal.as_ref().and_then(|c| c.predict(tokens, 0, p.engine_load).ok());
+    (fetch, recompute)
 }
 
 /// The source's fetch-path utilization from its answer to the query (0 without one).
@@ -319,7 +369,10 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             )),
             other => DaemonError::Internal(other.to_string()),
         })?;
+    let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
     Ok(Planned {
+        fetch_prediction,
+        recompute_prediction,
         action: plan.action,
         reason: reason(&plan.reason),
         model: plan.model,
@@ -347,7 +400,7 @@ pub fn set_receipt_action(r: &mut kvferry_proto::v1::Receipt, a: MigrationAction
     r.kind = action_to_proto(a).into();
 }
 
-fn candidate(a: MigrationAction, c: kvferry_model::Candidate) -> Candidate {
+fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Prediction>) -> Candidate {
     Candidate {
         action: a.as_str().into(),
         seconds: c.seconds,
@@ -355,6 +408,8 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate) -> Candidate {
         wire_bytes: c.wire_bytes,
         feasible: c.feasible,
         kind: action_to_proto(a).into(),
+        sd_s: band.map_or(0.0, |b| b.sd_s()),
+        calibration_samples: band.map_or(0, |b| b.samples.min(u64::from(u32::MAX)) as u32),
     }
 }
 
@@ -392,9 +447,9 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         };
         let recompute = kvferry_model::Candidate { wire_bytes: 0.0, feasible: true, ..d.recompute };
         out.candidates = vec![
-            candidate(MigrationAction::Fetch, d.fetch),
-            candidate(MigrationAction::Recompute, recompute),
-            candidate(MigrationAction::Split, split),
+            candidate(MigrationAction::Fetch, d.fetch, planned.fetch_prediction),
+            candidate(MigrationAction::Recompute, recompute, planned.recompute_prediction),
+            candidate(MigrationAction::Split, split, None),
         ];
     }
     out
@@ -412,6 +467,38 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
         prediction_error: f.prediction_error,
         connected,
         samples: f.samples.min(u64::from(u32::MAX)) as u32,
+        ..Default::default()
+    }
+}
+
+/// Adds a link's calibrated fetch figures to its wire form.
+pub fn with_calibration(mut l: LinkState, e: &kvferry_model::calibration::FetchEstimate) -> LinkState {
+    l.fixed_ms = e.fixed_s * 1e3;
+    l.fixed_sd_ms = e.fixed_sd_s * 1e3;
+    l.fixed_rtts = e.fixed_rtts.unwrap_or(0.0);
+    l.calibrated_goodput_gbps = e.goodput_gbps.unwrap_or(0.0);
+    l.per_byte_relative_sd = if e.per_byte_s > 0.0 { e.per_byte_sd_s / e.per_byte_s } else { 0.0 };
+    l.fetch_noise = e.noise;
+    l.calibration_samples = e.samples.min(u64::from(u32::MAX)) as u32;
+    l
+}
+
+/// The wire form of an engine's recompute calibration.
+pub fn engine_calibration(
+    engine_id: &str,
+    reported: crate::registry::Profile,
+    e: &kvferry_model::calibration::RecomputeEstimate,
+) -> kvferry_proto::v1::EngineCalibration {
+    kvferry_proto::v1::EngineCalibration {
+        engine_id: engine_id.to_owned(),
+        linear_s_per_token: e.linear_s_per_token,
+        attention_s_per_pair: e.attention_s_per_pair,
+        fixed_s: e.fixed_s,
+        noise: e.noise,
+        calibration_samples: e.samples.min(u64::from(u32::MAX)) as u32,
+        reported_linear_s_per_token: reported.linear_s_per_token,
+        reported_attention_s_per_pair: reported.attention_s_per_pair,
+        load_factor: e.load_factor,
     }
 }
 

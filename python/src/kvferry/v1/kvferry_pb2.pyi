@@ -66,20 +66,24 @@ class MigrateSessionRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., source_region: _Optional[str] = ..., target_engine: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind")
+    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind", "sd_s", "calibration_samples")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FEASIBLE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    SD_S_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     action: str
     seconds: float
     gpu_seconds: float
     wire_bytes: float
     feasible: bool
     kind: Action
-    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
+    sd_s: float
+    calibration_samples: int
+    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind")
@@ -162,7 +166,7 @@ class GetLinksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples")
+    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples")
     REGION_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +176,13 @@ class LinkState(_message.Message):
     PREDICTION_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FIXED_MS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_SD_MS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_RTTS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PER_BYTE_RELATIVE_SD_FIELD_NUMBER: _ClassVar[int]
+    FETCH_NOISE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     region: str
     rtt_ms: float
     goodput_gbps: float
@@ -181,15 +192,46 @@ class LinkState(_message.Message):
     prediction_error: float
     connected: bool
     samples: int
-    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ...) -> None: ...
+    fixed_ms: float
+    fixed_sd_ms: float
+    fixed_rtts: float
+    calibrated_goodput_gbps: float
+    per_byte_relative_sd: float
+    fetch_noise: float
+    calibration_samples: int
+    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
+
+class EngineCalibration(_message.Message):
+    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
+    FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    linear_s_per_token: float
+    attention_s_per_pair: float
+    fixed_s: float
+    noise: float
+    calibration_samples: int
+    reported_linear_s_per_token: float
+    reported_attention_s_per_pair: float
+    load_factor: float
+    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ...) -> None: ...
 
 class GetLinksResponse(_message.Message):
-    __slots__ = ("region", "links")
+    __slots__ = ("region", "links", "engines")
     REGION_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     region: str
     links: _containers.RepeatedCompositeFieldContainer[LinkState]
-    def __init__(self, region: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkState, _Mapping]]] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[EngineCalibration]
+    def __init__(self, region: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineCalibration, _Mapping]]] = ...) -> None: ...
 
 class PoolLayoutSpec(_message.Message):
     __slots__ = ("kind", "layers", "kv_heads", "head_dim", "block_size", "num_blocks", "dtype")
