@@ -46,6 +46,6 @@ pub use decision::{
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
-pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_migration};
+pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_hedge, plan_migration};
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
 pub use split::{SplitInputs, SplitPoint};
