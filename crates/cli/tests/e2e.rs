@@ -78,6 +78,7 @@ async fn two_regions_end_to_end() {
         mode: PolicyMode::Auto as i32,
         allow_split: true,
         max_egress_bytes: (bytes_per_token * 160.0) as u64,
+        allow_hedge: false,
     });
     let (d, r) = migrate(&mut router_b, req).await;
     assert_eq!(d.action, "split", "{d:?}");

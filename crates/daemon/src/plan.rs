@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use kvferry_layout::BlockHash;
 use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
-    Decision as ModelDecision, FetchCalibration, KvFootprint, KvShape, MigrationAction, Mode, PlanError,
-    PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
+    Decision as ModelDecision, FetchCalibration, HedgeDecision, HedgePolicy, KvFootprint, KvShape,
+    MigrationAction, Mode, PlanError, PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
 use kvferry_wire::WireError;
@@ -46,6 +46,8 @@ pub struct Prepared {
     pub fetch_cal: Option<FetchCalibration>,
     pub recompute_cal: Option<RecomputeCalibration>,
     pub engine_load: f64,
+    /// What a hedge may do here (`allow` false: no hedge for this request).
+    pub hedge_policy: HedgePolicy,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -72,6 +74,10 @@ pub struct Planned {
     /// was asked and calibration is on).
     pub fetch_prediction: Option<Prediction>,
     pub recompute_prediction: Option<Prediction>,
+    /// Run the other pure action beside `action` and keep the first to finish
+    /// ([`kvferry_model::plan_hedge`]); the fetch leg takes blocks `[0, hedge_fetch_end)`.
+    pub hedge: Option<HedgeDecision>,
+    pub hedge_fetch_end: usize,
 }
 
 /// Parses `grpc-timeout` (`<digits><unit>`, unit one of H M S m u n).
@@ -87,6 +93,26 @@ pub fn grpc_timeout(v: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest) -> HedgePolicy {
+    use crate::config::HedgeMode;
+    let c = &shared.config.policy;
+    let asked = r.policy.is_some_and(|p| p.allow_hedge);
+    HedgePolicy {
+        allow: c.calibrate
+            && match c.hedge {
+                HedgeMode::Off => false,
+                HedgeMode::OnRequest => asked,
+                HedgeMode::Always => true,
+            },
+        band_z: c.hedge_band_z,
+        fetch_interference: c.hedge_interference,
+        recompute_interference: c.hedge_interference,
+        min_gain: c.hedge_min_gain,
+        max_wasted_compute_s: (c.hedge_max_wasted_compute_ms > 0.0)
+            .then(|| c.hedge_max_wasted_compute_ms / 1000.0),
+    }
 }
 
 fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
@@ -211,6 +237,7 @@ pub async fn prepare(
         fetch_cal: None,
         recompute_cal: None,
         engine_load,
+        hedge_policy: hedge_policy_of(shared, r),
     };
     if local_blocks == p.hashes.len() {
         return Ok(p);
@@ -370,9 +397,18 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             other => DaemonError::Internal(other.to_string()),
         })?;
     let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
+    let hedge = kvferry_model::plan_hedge(
+        &plan,
+        &holdings,
+        fetch_prediction.as_ref(),
+        recompute_prediction.as_ref(),
+        &p.hedge_policy,
+    );
     Ok(Planned {
         fetch_prediction,
         recompute_prediction,
+        hedge,
+        hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
         reason: reason(&plan.reason),
         model: plan.model,
@@ -419,7 +455,13 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let mut out = Decision {
         action: planned.action.as_str().to_owned(),
         kind: action_to_proto(planned.action).into(),
-        reason: planned.reason.clone(),
+        reason: match &planned.hedge {
+            Some(h) => format!("{}; hedged: {}", planned.reason, h.reason),
+            None => planned.reason.clone(),
+        },
+        hedge: planned.hedge.is_some(),
+        hedge_expected_s: planned.hedge.map_or(0.0, |h| h.expected_s),
+        hedge_p_fetch_wins: planned.hedge.map_or(0.0, |h| h.p_fetch_wins),
         source_region: p.source.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
         source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
         local_tokens: (p.local_blocks * p.block_size as usize) as u64,

@@ -30,14 +30,16 @@ ACTION_SPLIT: Action
 ACTION_ALREADY_LOCAL: Action
 
 class Policy(_message.Message):
-    __slots__ = ("mode", "allow_split", "max_egress_bytes")
+    __slots__ = ("mode", "allow_split", "max_egress_bytes", "allow_hedge")
     MODE_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPLIT_FIELD_NUMBER: _ClassVar[int]
     MAX_EGRESS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_HEDGE_FIELD_NUMBER: _ClassVar[int]
     mode: PolicyMode
     allow_split: bool
     max_egress_bytes: int
-    def __init__(self, mode: _Optional[_Union[PolicyMode, str]] = ..., allow_split: _Optional[bool] = ..., max_egress_bytes: _Optional[int] = ...) -> None: ...
+    allow_hedge: bool
+    def __init__(self, mode: _Optional[_Union[PolicyMode, str]] = ..., allow_split: _Optional[bool] = ..., max_egress_bytes: _Optional[int] = ..., allow_hedge: _Optional[bool] = ...) -> None: ...
 
 class MigrateSessionRequest(_message.Message):
     __slots__ = ("session_id", "tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "source_region", "target_engine", "deadline_ms", "policy", "deadline_unix_ms")
@@ -86,7 +88,7 @@ class Candidate(_message.Message):
     def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind")
+    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +101,9 @@ class Decision(_message.Message):
     RECOMPUTE_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_EXPECTED_S_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_P_FETCH_WINS_FIELD_NUMBER: _ClassVar[int]
     action: str
     reason: str
     source_region: str
@@ -111,7 +116,10 @@ class Decision(_message.Message):
     recompute_s_per_token: float
     bytes_per_token: float
     kind: Action
-    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
+    hedge: bool
+    hedge_expected_s: float
+    hedge_p_fetch_wins: float
+    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("bytes_done", "bytes_total", "elapsed_s")
@@ -124,7 +132,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +145,8 @@ class Receipt(_message.Message):
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_S_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    HEDGED_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_LOSER_S_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -149,7 +159,9 @@ class Receipt(_message.Message):
     fallback: str
     first_layer_s: float
     kind: Action
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
+    hedged: bool
+    hedge_loser_s: float
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
