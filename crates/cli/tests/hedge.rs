@@ -3,7 +3,8 @@
 //! bands overlap (`policy.hedge = "always"`, bands widened so they always do): the fetch and the
 //! recompute start together and the first to finish wins.
 //!
-//! - A's egress to B is capped at 2 Mbit/s, so the recompute wins: the receipt says recompute,
+//! - A's egress to B is capped at 2 Mbit/s (B prices the fetch at that rate: A reports its cap
+//!   in the query's load report), so the recompute wins: the receipt says recompute,
 //!   hedged; the cancelled fetch left nothing in B's landing zone (nothing used, nothing
 //!   reserved) and moved no byte into it, and the next turn in B equals a cold recompute.
 //! - Uncapped, a long prefix is fetched faster than it is recomputed: the receipt says fetch,
@@ -54,6 +55,9 @@ async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
     let fetched_before = metric(&cl.metrics(1).await, "kvferry_fetched_bytes_total");
     let (d, r) = migrate(&mut router_b, req).await;
     assert!(d.hedge && d.hedge_expected_s >= 0.0, "the decision hedges: {d:?}");
+    // A's cap reached B in A's load report: the decision priced the fetch at 2 Mbit/s.
+    let link = d.link.as_ref().expect("the link figures");
+    assert!(link.goodput_gbps <= 0.002 * 1.0001, "the owner's egress cap is not priced: {link:?}");
     assert!(r.hedged && r.kind() == Action::Recompute, "the recompute finished first: {r:?}");
     assert_eq!((r.bytes_moved, r.tokens_ready), (0, 1024), "{r:?}");
     assert!(r.hedge_loser_s > 0.0, "{r:?}");

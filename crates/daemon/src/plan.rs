@@ -289,7 +289,7 @@ pub async fn prepare(
         }
     }
     if let Some((region, _)) = &best {
-        p.figures = shared.links.figures(region);
+        p.figures = shared.links.figures(region).map(|f| capped(f, best_load.as_ref()));
     }
     p.source = best;
     p.source_load = best_load;
@@ -320,6 +320,15 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
         bytes_per_token / elements,
     )
     .map_err(|x| DaemonError::Internal(x.to_string()))
+}
+
+/// The link figures priced at no more than the source's egress cap toward this region (from
+/// its load report; 0: none), whatever the link could carry.
+pub fn capped(mut f: Figures, load: Option<&kvferry_wire::frame::LoadReport>) -> Figures {
+    if let Some(cap) = load.map(|l| l.egress_cap_bps).filter(|&c| c > 0) {
+        f.goodput_bps = f.goodput_bps.min(cap as f64);
+    }
+    f
 }
 
 /// Tokens the model prices: the source's blocks beyond the local ones.
