@@ -24,7 +24,7 @@ use tonic::Status;
 use crate::Shared;
 use crate::blockbuf::BlockShape;
 use crate::catalog::{LandingSink, landed_blocks};
-use crate::error::DaemonError;
+use crate::error::{DaemonError, Origin};
 use crate::plan::{Planned, Prepared, set_receipt_action};
 use kvferry_pool::sync::LockExt;
 
@@ -131,10 +131,9 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
-    let sender =
-        p.engine.commands.locked().clone().ok_or_else(|| {
-            DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
-        })?;
+    let sender = p.engine.commands.locked().clone().ok_or_else(|| {
+        DaemonError::unavailable(Origin::Engine, format!("engine {} is not attached", p.engine.engine_id))
+    })?;
     let (tx, rx) = oneshot::channel();
     let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
     p.engine.recompute_waiters.locked().insert(key.clone(), tx);
@@ -145,15 +144,17 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
             token_ids: p.tokens[..n.min(p.tokens.len())].to_vec(),
         })),
     };
-    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::Unavailable("engine detached".into()))?;
+    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::unavailable(Origin::Engine, "engine detached"))?;
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     match tokio::time::timeout(remaining, rx).await {
         Ok(Ok(Ok(tokens))) => Ok(tokens),
-        Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
-        Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
+        Ok(Ok(Err(e))) => {
+            Err(DaemonError::internal(format!("engine recompute failed: {e}")).at(Origin::Engine))
+        }
+        Ok(Err(_)) => Err(DaemonError::unavailable(Origin::Engine, "engine detached during recompute")),
         Err(_) => {
             p.engine.recompute_waiters.locked().remove(&key);
-            Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
+            Err(DaemonError::deadline("the engine did not finish recomputing before the deadline"))
         }
     }
 }
@@ -166,14 +167,14 @@ async fn fetch(
     end: usize,
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
-    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::Internal("fetch without a source".into()))?;
-    let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
+    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::internal("fetch without a source"))?;
+    let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::not_found(src.clone()))?;
     let id =
-        RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::Internal(e.to_string()))?;
-    let shape = BlockShape::of(&p.engine.layout).map_err(DaemonError::Internal)?;
+        RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::internal(e.to_string()))?;
+    let shape = BlockShape::of(&p.engine.layout).map_err(DaemonError::internal)?;
     let hashes = p.hashes[from..end].to_vec();
     let total = shape.block_bytes() * hashes.len() as u64;
-    let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::Exhausted(e.to_string()))?;
+    let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::exhausted(e.to_string()))?;
     let sink = Arc::new(LandingSink::new(shape.clone(), hashes.len()));
     let spec = FetchSpec {
         tenant: p.tenant.clone(),
@@ -225,28 +226,21 @@ async fn fetch(
             progress.abort();
             tracing::warn!(source = %src, silent_s = silent.as_secs_f64(), landed = sink.landed_bytes.load(Ordering::Relaxed),
                 "no verified byte from the source; abandoning the fetch");
-            return Err(DaemonError::Unavailable(format!(
+            return Err(DaemonError::unavailable(Origin::Peer, format!(
                 "fetch from {src}: no verified byte for {:.1} s (source down?)",
                 silent.as_secs_f64()
             )));
         }
     };
     progress.abort();
-    let r = result.map_err(|e| match e {
-        kvferry_wire::WireError::DeadlineExceeded => {
-            DaemonError::Deadline("the fetch did not finish before the deadline".into())
-        }
-        other => DaemonError::Unavailable(format!("fetch from {src}: {other}")),
-    })?;
+    let r = result.map_err(|e| DaemonError::from_fetch(&src, &e))?;
     if r.blocks as usize != hashes.len() {
-        return Err(DaemonError::Unavailable(format!(
-            "{src} served {} of {} blocks",
-            r.blocks,
-            hashes.len()
-        )));
+        return Err(DaemonError::unavailable(
+            Origin::Peer,
+            format!("{src} served {} of {} blocks", r.blocks, hashes.len()),
+        ));
     }
-    let sink =
-        Arc::try_unwrap(sink).map_err(|_| DaemonError::Internal("landing sink still shared".into()))?;
+    let sink = Arc::try_unwrap(sink).map_err(|_| DaemonError::internal("landing sink still shared"))?;
     shared
         .landing
         .commit(reservation, landed_blocks(&p.tenant, p.engine.digest, &hashes, sink.into_blocks()));

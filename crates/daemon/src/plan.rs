@@ -8,15 +8,14 @@ use std::time::{Duration, Instant};
 use kvferry_layout::BlockHash;
 use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
-    Decision as ModelDecision, KvFootprint, KvShape, MigrationAction, Mode, PlanError, PlanReason, Policy,
+    Decision as ModelDecision, KvFootprint, KvShape, MigrationAction, Mode, PlanReason, Policy,
     plan_migration,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
-use kvferry_wire::WireError;
 
 use crate::Shared;
 use crate::engine_api::hashes_for;
-use crate::error::DaemonError;
+use crate::error::{DaemonError, Origin};
 use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
@@ -105,17 +104,19 @@ pub async fn prepare(
 ) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
     if r.session_id.is_empty() {
-        return Err(DaemonError::Invalid("session_id is required".into()));
+        return Err(DaemonError::invalid("session_id is required"));
     }
     if r.tenant.is_empty() || r.tenant.len() > 256 {
-        return Err(DaemonError::Invalid("tenant must be 1 to 256 bytes".into()));
+        return Err(DaemonError::invalid("tenant must be 1 to 256 bytes"));
     }
     let max = shared.config.limits.max_tokens;
     if r.token_ids.is_empty() && r.block_hashes.is_empty() {
-        return Err(DaemonError::Invalid("token_ids (or block_hashes) must not be empty".into()));
+        return Err(DaemonError::invalid("token_ids (or block_hashes) must not be empty"));
     }
     if r.token_ids.len() as u64 > max || r.block_hashes.len() as u64 * 16 > max {
-        return Err(DaemonError::Exhausted(format!("the prefix exceeds limits.max_tokens = {max}")));
+        return Err(DaemonError::exhausted(format!("the prefix exceeds limits.max_tokens = {max}"))
+            .at(Origin::Request)
+            .retry(false));
     }
     let budget = match (r.deadline_ms, transport_timeout) {
         (0, None) => Duration::from_millis(shared.config.limits.default_deadline_ms),
@@ -133,28 +134,28 @@ pub async fn prepare(
         budget
     };
     if budget < Duration::from_millis(1) {
-        return Err(DaemonError::Deadline("the request's deadline has already expired".into()));
+        return Err(DaemonError::deadline("the request's deadline has already expired"));
     }
     let deadline = started + budget;
     let digest: Option<[u8; 32]> = match r.layout_fingerprint.len() {
         0 => None,
         32 => r.layout_fingerprint.as_slice().try_into().ok(),
-        n => return Err(DaemonError::Invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
+        n => return Err(DaemonError::invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
     };
     let engine = shared.registry.target(&r.target_engine, &r.model_id, None).ok_or_else(|| {
-        DaemonError::NotFound(format!("no engine for model {:?} in this region", r.model_id))
+        DaemonError::not_found(format!("no engine for model {:?} in this region", r.model_id))
     })?;
     if let Some(d) = digest
         && d != engine.digest
     {
-        return Err(DaemonError::Precondition(format!(
+        return Err(DaemonError::precondition(format!(
             "layout fingerprint mismatch: the request's differs from engine {}'s ({})",
             engine.engine_id,
             engine.fingerprint.digest()
         )));
     }
     if !r.source_region.is_empty() && shared.links.peer(&r.source_region).is_none() {
-        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+        return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
@@ -162,14 +163,14 @@ pub async fn prepare(
             .iter()
             .map(|b| {
                 <[u8; 32]>::try_from(b.as_slice())
-                    .map_err(|_| DaemonError::Invalid(format!("a block hash is {} bytes, not 32", b.len())))
+                    .map_err(|_| DaemonError::invalid(format!("a block hash is {} bytes, not 32", b.len())))
             })
             .collect::<Result<_, _>>()?
     } else {
         hashes_for(&r.tenant, &r.token_ids, block_size)
     };
     if hashes.is_empty() {
-        return Err(DaemonError::Invalid(format!("the prefix holds no full block of {block_size} tokens")));
+        return Err(DaemonError::invalid(format!("the prefix holds no full block of {block_size} tokens")));
     }
     let local_blocks = hashes
         .iter()
@@ -204,7 +205,7 @@ pub async fn prepare(
     } else if shared.links.peer(&r.source_region).is_some() {
         vec![r.source_region.clone()]
     } else {
-        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+        return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     };
     // Ask the candidates concurrently; bound the wait so a dead region still leaves time to act.
     let ask_until =
@@ -215,15 +216,22 @@ pub async fn prepare(
         let (tenant, digest, hashes) = (p.tenant.clone(), p.engine.digest, p.hashes.clone());
         asks.push(tokio::spawn(async move {
             let peer = shared.links.peer(&region).cloned();
-            let Some(peer) = peer else { return (region, Err(WireError::Local("unknown peer".into()))) };
+            let Some(peer) = peer else {
+                let e = DaemonError::internal(format!("{region} unreachable: not a configured peer"));
+                return (region, Err(e));
+            };
             let id = match kvferry_peer::RegionId::new(&shared.config.trust_domain, &region) {
                 Ok(id) => id,
-                Err(e) => return (region, Err(WireError::Local(e.to_string()))),
+                Err(e) => {
+                    let e = DaemonError::precondition(format!("{region} unreachable: {e}")).at(Origin::Local);
+                    return (region, Err(e));
+                }
             };
             let res = shared.node.query(&id, peer.addr, &tenant, digest, hashes, ask_until).await;
             if let Ok(h) = &res {
                 shared.links.record_rtt(&region, h.rtt.as_secs_f64());
             }
+            let res = res.map_err(|e| DaemonError::from_query(&region, &e));
             (region, res)
         }));
     }
@@ -239,10 +247,7 @@ pub async fn prepare(
                     best_load = h.load;
                 }
             }
-            Err(WireError::Refused { code, detail }) => {
-                notes.push(format!("{region} refused: {code:?}: {detail}"))
-            }
-            Err(e) => notes.push(format!("{region} unreachable: {e}")),
+            Err(e) => notes.push(e.reason().to_owned()),
         }
     }
     if let Some((region, _)) = &best {
@@ -262,14 +267,14 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
     let bytes_per_token = e
         .layout
         .bytes_per_block(0..e.layout.num_layers())
-        .map_err(|x| DaemonError::Internal(x.to_string()))? as f64
+        .map_err(|x| DaemonError::internal(x.to_string()))? as f64
         / f64::from(s.block_size);
     let elements = 2.0 * f64::from(s.layers) * f64::from(s.kv_heads) * f64::from(s.head_dim);
     KvFootprint::new(
         KvShape::Gqa { layers: s.layers, kv_heads: s.kv_heads, head_dim: s.head_dim },
         bytes_per_token / elements,
     )
-    .map_err(|x| DaemonError::Internal(x.to_string()))
+    .map_err(|x| DaemonError::internal(x.to_string()))
 }
 
 /// The plain inputs of the cost comparison: the engine's layout and profile, the link
@@ -311,14 +316,8 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         (PlanReason::NoSourceHolds, Some(n)) => format!("{r} ({n})"),
         _ => r.to_string(),
     };
-    let plan =
-        plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s).map_err(|e| match e {
-            PlanError::CannotRecompute { reason: r } => DaemonError::Precondition(format!(
-                "{}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed",
-                reason(&r)
-            )),
-            other => DaemonError::Internal(other.to_string()),
-        })?;
+    let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
+        .map_err(|e| DaemonError::from_plan(&e, reason))?;
     Ok(Planned {
         action: plan.action,
         reason: reason(&plan.reason),

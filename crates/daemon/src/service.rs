@@ -33,7 +33,7 @@ impl MigrationService {
         }
         let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
         let ok = got.strip_prefix("Bearer ").is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()));
-        if ok { Ok(()) } else { Err(DaemonError::Unauthenticated("a valid bearer token is required".into())) }
+        if ok { Ok(()) } else { Err(DaemonError::unauthenticated("a valid bearer token is required")) }
     }
 }
 
@@ -69,7 +69,7 @@ impl Migration for MigrationService {
             .migrations
             .clone()
             .try_acquire_owned()
-            .map_err(|_| DaemonError::Exhausted("too many concurrent migrations".into()))?;
+            .map_err(|_| DaemonError::exhausted("too many concurrent migrations"))?;
         let timeout = timeout_of(&req);
         let r = req.into_inner();
         let prepared = prepare(&self.shared, &r, timeout).await?;
