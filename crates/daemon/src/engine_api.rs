@@ -595,3 +595,107 @@ pub fn serve_pool_socket(listener: std::os::unix::net::UnixListener, shared: Arc
         let _ = writeln!(stream, "{reply}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The request checks of the Engine API, without a socket: what a layout spec, a block
+    //! hash and a CUDA IPC descriptor must look like, and the status each refusal gets.
+    use super::*;
+    use kvferry_pool_cuda::{CudaIpcDescriptor, IpcRegion};
+    use tonic::Code;
+
+    fn spec(kind: &str, dtype: &str) -> PoolLayoutSpec {
+        PoolLayoutSpec {
+            kind: kind.into(),
+            layers: 2,
+            kv_heads: 4,
+            head_dim: 64,
+            block_size: 16,
+            num_blocks: 8,
+            dtype: dtype.into(),
+        }
+    }
+
+    #[test]
+    fn every_supported_layout_kind_and_dtype_parses() {
+        let kinds =
+            ["vllm_flash_attn_nhd", "vllm_flash_attn_hnd", "flashinfer_nhd", "flashinfer_hnd", "vllm_cpu"];
+        for kind in kinds {
+            for (dtype, bytes) in [("f32", 4), ("bf16", 2), ("f16", 2), ("fp8_e4m3", 1)] {
+                let l = layout_of(&spec(kind, dtype)).unwrap_or_else(|e| panic!("{kind} {dtype}: {e}"));
+                assert_eq!(l.spec().block_size, 16);
+                // K and V of 2 layers × 4 heads × 64 dims × 16 tokens, in that dtype
+                assert_eq!(l.bytes_per_block(0..2).unwrap(), 2 * 2 * 4 * 64 * 16 * bytes, "{kind} {dtype}");
+            }
+        }
+        // the same spec under two kinds is two layouts (fingerprints differ)
+        let a = layout_of(&spec("vllm_flash_attn_nhd", "bf16")).unwrap().fingerprint("m").digest();
+        let b = layout_of(&spec("vllm_flash_attn_hnd", "bf16")).unwrap().fingerprint("m").digest();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_unknown_kind_or_dtype_or_shape_is_an_invalid_argument() {
+        let cases = [
+            (spec("paged_magic", "bf16"), "layout.kind \"paged_magic\""),
+            (spec("vllm_cpu", "int4"), "layout.dtype \"int4\""),
+            (PoolLayoutSpec { block_size: 0, ..spec("vllm_cpu", "bf16") }, "layout: "),
+            (PoolLayoutSpec { layers: 0, ..spec("flashinfer_nhd", "f16") }, "layout: "),
+        ];
+        for (s, want) in cases {
+            let e = layout_of(&s).unwrap_err();
+            assert_eq!(
+                (e.code(), e.origin(), e.retryable()),
+                (Code::InvalidArgument, Origin::Request, false)
+            );
+            assert!(e.reason().starts_with(want), "{s:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn block_hashes_are_32_bytes_and_cover_full_blocks_only() {
+        assert_eq!(hash_of(&[5; 32]).unwrap(), [5; 32]);
+        for n in [0, 31, 33] {
+            let e = hash_of(&vec![0; n]).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert_eq!(e.reason(), format!("a block hash is {n} bytes, not 32"));
+        }
+        let tokens: Vec<u32> = (0..40).collect();
+        let h = hashes_for("t", &tokens, 16);
+        assert_eq!(h.len(), 2, "40 tokens are 2 full blocks of 16");
+        assert_eq!(h, hashes_for("t", &tokens[..32], 16), "the partial block adds nothing");
+        assert_ne!(h, hashes_for("u", &tokens, 16), "hashes are salted with the tenant");
+        assert_eq!(hashes_for("t", &tokens[..32], 16)[0], hashes_for("t", &tokens[..16], 16)[0]);
+    }
+
+    fn descriptor(lens: &[u64]) -> Vec<u8> {
+        let d = CudaIpcDescriptor {
+            handles: lens.iter().map(|&len| IpcRegion { handle: [7; 64], offset: 0, len }).collect(),
+            device: 0,
+            device_uuid: None,
+            ready_event: None,
+        };
+        serde_json::to_vec(&d).unwrap()
+    }
+
+    #[test]
+    fn a_cuda_descriptor_must_cover_the_layouts_regions() {
+        let d = parse_cuda_descriptor(&descriptor(&[4096, 8192]), &[4096, 4096]).unwrap();
+        assert_eq!(d.handles.len(), 2);
+        let cases: [(Vec<u8>, &[u64], &str); 4] = [
+            (b"{not json".to_vec(), &[4096], "cuda.descriptor_json: "),
+            (descriptor(&[]), &[4096], "cuda.descriptor_json: "),
+            (descriptor(&[4096]), &[4096, 4096], "the CUDA IPC descriptor has 1 regions, the layout has 2"),
+            (
+                descriptor(&[4096, 100]),
+                &[4096, 4096],
+                "CUDA IPC region 1 is 100 bytes, the layout needs 4096",
+            ),
+        ];
+        for (json, lens, want) in cases {
+            let e = parse_cuda_descriptor(&json, lens).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.reason().starts_with(want), "{e}");
+        }
+    }
+}

@@ -80,6 +80,22 @@ pub enum DaemonError {
     Internal(Fault),
 }
 
+/// The [`Fault`] of any variant (by reference or mutably, as `$e` is).
+macro_rules! fault_of {
+    ($e:expr) => {
+        match $e {
+            DaemonError::Invalid(f)
+            | DaemonError::NotFound(f)
+            | DaemonError::Precondition(f)
+            | DaemonError::Deadline(f)
+            | DaemonError::Exhausted(f)
+            | DaemonError::Unavailable(f)
+            | DaemonError::Unauthenticated(f)
+            | DaemonError::Internal(f) => f,
+        }
+    };
+}
+
 fn fault(origin: Origin, retryable: bool, reason: impl Into<String>) -> Fault {
     Fault { origin, retryable, reason: reason.into() }
 }
@@ -140,29 +156,11 @@ impl DaemonError {
 
     /// Origin, retryability and reason.
     pub fn fault(&self) -> &Fault {
-        match self {
-            Self::Invalid(f)
-            | Self::NotFound(f)
-            | Self::Precondition(f)
-            | Self::Deadline(f)
-            | Self::Exhausted(f)
-            | Self::Unavailable(f)
-            | Self::Unauthenticated(f)
-            | Self::Internal(f) => f,
-        }
+        fault_of!(self)
     }
 
     fn fault_mut(&mut self) -> &mut Fault {
-        match self {
-            Self::Invalid(f)
-            | Self::NotFound(f)
-            | Self::Precondition(f)
-            | Self::Deadline(f)
-            | Self::Exhausted(f)
-            | Self::Unavailable(f)
-            | Self::Unauthenticated(f)
-            | Self::Internal(f) => f,
-        }
+        fault_of!(self)
     }
 
     /// Where it came from.

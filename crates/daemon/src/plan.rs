@@ -42,6 +42,24 @@ pub struct Prepared {
     pub policy: Policy,
 }
 
+impl Prepared {
+    /// Tokens of the whole prefix (its full blocks).
+    pub fn total_tokens(&self) -> usize {
+        self.hashes.len() * self.block_size as usize
+    }
+
+    /// Whether the request carried the prefix's tokens (only then can it be recomputed).
+    pub fn has_tokens(&self) -> bool {
+        has_tokens(self.tokens.len(), self.hashes.len(), self.block_size)
+    }
+}
+
+/// Whether `tokens` token ids cover `blocks` full blocks of `block_size`: a request given only
+/// as block hashes (or fewer tokens than its blocks) cannot be recomputed.
+pub fn has_tokens(tokens: usize, blocks: usize, block_size: u32) -> bool {
+    tokens >= blocks.saturating_mul(block_size as usize)
+}
+
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared")
@@ -77,6 +95,41 @@ pub fn grpc_timeout(v: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+/// A request's time budget: the tightest of its `deadline_ms`, the caller's grpc-timeout and
+/// its absolute `deadline_unix_ms` (against `now_unix_ms`); `default` when it names none.
+/// Zero means "unset" for both request fields.
+pub fn request_budget(
+    deadline_ms: u64,
+    transport_timeout: Option<Duration>,
+    deadline_unix_ms: u64,
+    now_unix_ms: u64,
+    default: Duration,
+) -> Duration {
+    let budget = match (deadline_ms, transport_timeout) {
+        (0, None) => default,
+        (0, Some(t)) => t,
+        (ms, None) => Duration::from_millis(ms),
+        (ms, Some(t)) => Duration::from_millis(ms).min(t),
+    };
+    if deadline_unix_ms > 0 {
+        budget.min(Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms)))
+    } else {
+        budget
+    }
+}
+
+/// The source to fetch from among the regions that answered: the one holding the most leading
+/// blocks (the first asked wins a tie), with its load report.
+pub fn best_source<L>(answers: impl IntoIterator<Item = (String, u32, L)>) -> Option<(String, u32, L)> {
+    let mut best: Option<(String, u32, L)> = None;
+    for (region, held, load) in answers {
+        if best.as_ref().is_none_or(|(_, n, _)| held > *n) {
+            best = Some((region, held, load));
+        }
+    }
+    best
 }
 
 fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
@@ -118,21 +171,17 @@ pub async fn prepare(
             .at(Origin::Request)
             .retry(false));
     }
-    let budget = match (r.deadline_ms, transport_timeout) {
-        (0, None) => Duration::from_millis(shared.config.limits.default_deadline_ms),
-        (0, Some(t)) => t,
-        (ms, None) => Duration::from_millis(ms),
-        (ms, Some(t)) => Duration::from_millis(ms).min(t),
-    };
-    let budget = if r.deadline_unix_ms > 0 {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        budget.min(Duration::from_millis(r.deadline_unix_ms.saturating_sub(now_ms)))
-    } else {
-        budget
-    };
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let budget = request_budget(
+        r.deadline_ms,
+        transport_timeout,
+        r.deadline_unix_ms,
+        now_unix_ms,
+        Duration::from_millis(shared.config.limits.default_deadline_ms),
+    );
     if budget < Duration::from_millis(1) {
         return Err(DaemonError::deadline("the request's deadline has already expired"));
     }
@@ -235,26 +284,20 @@ pub async fn prepare(
             (region, res)
         }));
     }
-    let mut best: Option<(String, u32)> = None;
-    let mut best_load = None;
+    let mut answers = Vec::new();
     let mut notes = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
         match res {
-            Ok(h) => {
-                if best.as_ref().is_none_or(|(_, n)| h.blocks_held > *n) {
-                    best = Some((region, h.blocks_held));
-                    best_load = h.load;
-                }
-            }
+            Ok(h) => answers.push((region, h.blocks_held, h.load)),
             Err(e) => notes.push(e.reason().to_owned()),
         }
     }
-    if let Some((region, _)) = &best {
-        p.figures = shared.links.figures(region);
+    if let Some((region, held, load)) = best_source(answers) {
+        p.figures = shared.links.figures(&region);
+        p.source = Some((region, held));
+        p.source_load = load;
     }
-    p.source = best;
-    p.source_load = best_load;
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));
     }
@@ -309,7 +352,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         block_tokens: u64::from(p.block_size),
         local_blocks: p.local_blocks as u64,
         source_blocks: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n)),
-        has_tokens: p.tokens.len() >= p.hashes.len() * p.block_size as usize,
+        has_tokens: p.has_tokens(),
     };
     let remaining_s = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     let reason = |r: &PlanReason| match (r, &p.source_note) {
@@ -416,8 +459,55 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
 
 #[cfg(test)]
 mod tests {
-    use super::{action_to_proto, set_receipt_action};
+    use super::{action_to_proto, best_source, grpc_timeout, has_tokens, request_budget, set_receipt_action};
     use kvferry_model::MigrationAction;
+    use std::time::Duration;
+
+    #[test]
+    fn the_budget_is_the_tightest_deadline_the_request_names() {
+        let (ms, default) = (Duration::from_millis, Duration::from_secs(30));
+        assert_eq!(request_budget(0, None, 0, 1_000, default), default);
+        assert_eq!(request_budget(500, None, 0, 1_000, default), ms(500));
+        assert_eq!(request_budget(0, Some(ms(700)), 0, 1_000, default), ms(700));
+        assert_eq!(request_budget(500, Some(ms(700)), 0, 1_000, default), ms(500));
+        assert_eq!(request_budget(900, Some(ms(700)), 0, 1_000, default), ms(700));
+        // an absolute deadline 250 ms from now
+        assert_eq!(request_budget(0, None, 1_250, 1_000, default), ms(250));
+        assert_eq!(request_budget(100, None, 1_250, 1_000, default), ms(100));
+        // already past: nothing left (the caller refuses it with DEADLINE_EXCEEDED)
+        assert_eq!(request_budget(500, None, 900, 1_000, default), Duration::ZERO);
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_with_every_unit() {
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout("4S"), Some(Duration::from_secs(4)));
+        assert_eq!(grpc_timeout("5m"), Some(Duration::from_millis(5)));
+        assert_eq!(grpc_timeout("6u"), Some(Duration::from_micros(6)));
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "10", "10x", "-1S", "1.5S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_source_is_the_region_holding_most_first_on_a_tie() {
+        assert_eq!(best_source(Vec::<(String, u32, ())>::new()), None);
+        let answers =
+            vec![("a".to_owned(), 3, 'a'), ("b".into(), 7, 'b'), ("c".into(), 7, 'c'), ("d".into(), 0, 'd')];
+        assert_eq!(best_source(answers), Some(("b".into(), 7, 'b')));
+        // a region that holds nothing is still a (useless) answer: the plan sees 0 held
+        assert_eq!(best_source(vec![("a".to_owned(), 0, ())]), Some(("a".into(), 0, ())));
+    }
+
+    #[test]
+    fn only_a_request_with_every_token_can_be_recomputed() {
+        assert!(has_tokens(64, 4, 16));
+        assert!(has_tokens(70, 4, 16), "a partial last block is fine");
+        assert!(!has_tokens(63, 4, 16));
+        assert!(!has_tokens(0, 4, 16), "block hashes only");
+    }
 
     #[test]
     fn the_typed_action_names_the_same_action_as_the_string() {
