@@ -210,6 +210,12 @@ def check_rules(where: str, c: dict, fail: Failures) -> None:
         fail.add(f"{where} transfer.congestion", "must be cubic, bbr or newreno")
     if not 500 <= t.get("idle_timeout_ms", 10000) <= 600000:
         fail.add(f"{where} transfer.idle_timeout_ms", "must be between 500 and 600000")
+    if not 0 <= t.get("max_retries_per_chunk", 3) <= 100:
+        fail.add(f"{where} transfer.max_retries_per_chunk", "must be at most 100")
+    if not 10 <= t.get("missing_grace_ms", 2000) <= 600000:
+        fail.add(f"{where} transfer.missing_grace_ms", "must be between 10 and 600000")
+    if not 0 <= t.get("reconnect_backoff_ms", 50) <= 10000:
+        fail.add(f"{where} transfer.reconnect_backoff_ms", "must be at most 10000")
     pol = c.get("policy", {})
     if not pol.get("split_overhead_ms", 5.0) >= 0:
         fail.add(f"{where} policy.split_overhead_ms", "must be >= 0")

@@ -59,7 +59,8 @@ impl Peer {
     }
 
     fn stderr_tail(&self) -> String {
-        let s = self.stderr.lock().map(|s| s.clone()).unwrap_or_default();
+        // The log is appended line by line: a poisoned one is still a whole log.
+        let s = self.stderr.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let lines: Vec<&str> = s.lines().filter(|l| !l.trim().is_empty()).collect();
         lines[lines.len().saturating_sub(6)..].join(" | ")
     }
@@ -132,14 +133,14 @@ fn spawn(
         for line in BufReader::new(stderr).lines() {
             let Ok(line) = line else { break };
             // Keep the last ~64 KiB: the end of the log explains a failure.
-            if let Ok(mut s) = sink.lock() {
-                s.push_str(&line);
-                s.push('\n');
-                if s.len() > 128 << 10 {
-                    let cut = s.len() - (64 << 10);
-                    let cut = (cut..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
-                    s.drain(..cut);
-                }
+            // Poisoned or not, the log is whole between lines; keep appending.
+            let mut s = sink.lock().unwrap_or_else(|p| p.into_inner());
+            s.push_str(&line);
+            s.push('\n');
+            if s.len() > 128 << 10 {
+                let cut = s.len() - (64 << 10);
+                let cut = (cut..s.len()).find(|&i| s.is_char_boundary(i)).unwrap_or(s.len());
+                s.drain(..cut);
             }
         }
     });

@@ -2,8 +2,8 @@
 //! `kvferry engine`s, QUIC + mutual TLS on loopback): region B's engine reports a prefill
 //! profile ten times too fast (`--profile-scale 0.1`, a deliberately wrong prior), and the
 //! daemon's recompute predictions must come within a factor of 2 of the measured wall time
-//! within [`N`] executed recomputes (3 of the next 4, so one recompute slowed by a busy host
-//! does not decide), with the calibrated figures visible in `GetLinks` and
+//! within [`N`] executed recomputes (the median of the next 6, so recomputes slowed by a busy
+//! host do not decide), with the calibrated figures visible in `GetLinks` and
 //! each prediction's band narrowing as samples accumulate. Fetches calibrate the link the same
 //! way (its fitted fixed cost appears in `GetLinks`).
 
@@ -29,7 +29,7 @@ async fn a_wrong_prior_is_corrected_within_n_migrations() {
     let (mut a, mut b) = (cluster.engine(0).await, cluster.router(1).await);
     let mut ratios = Vec::new();
     let mut bands = Vec::new();
-    for i in 0..N + 4 {
+    for i in 0..N + 6 {
         // A fresh prefix each time (nothing cached in B), held by A so the model is asked.
         let convo = tokens(256 + 64 * (i % 4), 1000 + i as u64);
         generate(&mut a, &convo, true).await;
@@ -53,13 +53,18 @@ async fn a_wrong_prior_is_corrected_within_n_migrations() {
         bands.push(sd / predicted);
     }
     assert!(ratios[0] < 0.5, "the prior is 10x too fast, so the first prediction is far too low: {ratios:?}");
-    let close = ratios[N..].iter().filter(|r| (0.5..=2.0).contains(*r)).count();
-    assert!(close >= 3, "after {N} samples, predictions are still off by more than 2x: {ratios:?}");
+    let mut after: Vec<f64> = ratios[N..].to_vec();
+    after.sort_by(f64::total_cmp);
+    let median = (after[2] + after[3]) / 2.0;
+    assert!(
+        (0.5..=2.0).contains(&median),
+        "after {N} samples, predictions are still off by more than 2x: {ratios:?}"
+    );
     assert!(bands[N] < bands[0], "the band narrows as samples accumulate: {bands:?}");
 
     let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
-    assert_eq!(engine.calibration_samples as usize, N + 4, "{engine:?}");
+    assert_eq!(engine.calibration_samples as usize, N + 6, "{engine:?}");
     assert!(
         engine.linear_s_per_token + engine.fixed_s / 256.0 > 3.0 * engine.reported_linear_s_per_token,
         "the calibrated cost is well above the (too fast) reported profile: {engine:?}"

@@ -87,6 +87,33 @@ async fn two_regions_end_to_end() {
     assert!(r.bytes_moved > 0 && r.bytes_moved as f64 <= bytes_per_token * 160.0 + 1.0, "{r:?}");
     assert_warm_equals_cold(&mut b, &convo3, 624).await;
 
+    // 3b. Block hashes only, under an egress cap that forbids the fetch: only a recompute could
+    // serve it, and a recompute needs the tokens, so both calls fail their precondition with
+    // that reason (they used to plan a recompute of an empty token list).
+    let convo3b = tokens(330, 31);
+    generate(&mut a, &convo3b, true).await;
+    wait_for_fetch_plan(&mut router_b, &request("s-hashes", &convo3b, PolicyMode::Auto)).await;
+    let mut req = request("s-hashes-capped", &convo3b, PolicyMode::Auto);
+    req.block_hashes = kvferry_daemon::engine_api::hashes_for(TENANT, &convo3b, 16)
+        .into_iter()
+        .map(|h| h.to_vec())
+        .collect();
+    req.token_ids.clear();
+    req.policy = Some(Policy {
+        mode: PolicyMode::Auto as i32,
+        allow_split: false,
+        max_egress_bytes: 1,
+        allow_hedge: false,
+    });
+    for e in [
+        router_b.plan_migration(req.clone()).await.unwrap_err(),
+        router_b.migrate_session(req.clone()).await.unwrap_err(),
+    ] {
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+        assert!(e.message().contains("egress cap") && e.message().contains("cannot be recomputed"), "{e:?}");
+        assert_eq!(e.metadata().get("kvferry-retryable").unwrap(), "false");
+    }
+
     // 4. Bad requests get the right status, and the daemon keeps serving.
     use tonic::Code;
     let bad = |f: &dyn Fn(&mut MigrateSessionRequest)| {

@@ -558,4 +558,97 @@ mod tests {
         assert!(matches!(&err, ChunkError::Withdrawn(d) if d.contains("block id 2")), "{err}");
         assert_eq!(metrics.served_reused.get(), 1);
     }
+
+    fn refusal(cat: &RegionCatalog, req: &FetchRequest) -> (RefusalCode, String) {
+        match cat.open(&peer(), req) {
+            Ok(s) => panic!("served {} blocks", s.blocks_held),
+            Err(r) => r,
+        }
+    }
+
+    #[test]
+    fn a_request_is_refused_with_the_code_that_says_why() {
+        let e = engine();
+        let cat = catalog(&e);
+        let hashes = [[1u8; 32], [2; 32]];
+        publish(&e, &hashes, 0);
+        // another layout
+        let mut req = request(&e, &hashes);
+        req.fingerprint = [0xee; 32];
+        assert_eq!(refusal(&cat, &req).0, RefusalCode::FingerprintMismatch);
+        // nothing asked
+        assert_eq!(refusal(&cat, &request(&e, &[])).0, RefusalCode::BadRequest);
+        // blocks nobody holds
+        assert_eq!(refusal(&cat, &request(&e, &[[5; 32]])).0, RefusalCode::UnknownBlocks);
+        // blocks of another tenant, in the pool and in the landing zone
+        let mut req = request(&e, &hashes);
+        req.tenant = "other".into();
+        assert_eq!(refusal(&cat, &req).0, RefusalCode::TenantMismatch);
+        let landed = [[6u8; 32]];
+        let bytes = BlockShape::of(&e.layout).unwrap().block_bytes();
+        let res = cat.landing.reserve(bytes).unwrap();
+        cat.landing.commit(res, landed_blocks(TENANT, e.digest, &landed, vec![vec![1; bytes as usize]]));
+        let mut req = request(&e, &landed);
+        req.tenant = "other".into();
+        assert_eq!(refusal(&cat, &req).0, RefusalCode::TenantMismatch);
+        assert_eq!(cat.metrics.served_requests.get(), 0, "a refusal serves nothing");
+        // the owner's own request is served: the longest held prefix, not the rest
+        let served = cat.open(&peer(), &request(&e, &[hashes[0], hashes[1], [5; 32]])).unwrap();
+        assert_eq!(served.blocks_held, 2);
+    }
+
+    #[tokio::test]
+    async fn landed_blocks_are_served_back_byte_for_byte() {
+        let e = engine();
+        let cat = catalog(&e);
+        let shape = BlockShape::of(&e.layout).unwrap();
+        let n = shape.block_bytes() as usize;
+        let hashes = [[3u8; 32], [4; 32]];
+        let blocks: Vec<Vec<u8>> = (0..2u8).map(|b| (0..n).map(|i| (i as u8) ^ (b * 31)).collect()).collect();
+        let res = cat.landing.reserve(2 * n as u64).unwrap();
+        cat.landing.commit(res, landed_blocks(TENANT, e.digest, &hashes, blocks.clone()));
+        let served = cat.open(&peer(), &request(&e, &hashes)).unwrap();
+        assert_eq!((served.blocks_held, served.layers), (2, shape.layers()));
+        // what a requester's landing sink assembles from the served chunk is the blocks again
+        let spec = chunk(&e, (0, 2));
+        let bytes = served.source.read(spec).await.unwrap();
+        let sink = LandingSink::new(shape.clone(), 2);
+        sink.land(spec, (*bytes).as_ref()).await.unwrap();
+        assert_eq!(sink.landed_bytes.load(std::sync::atomic::Ordering::Relaxed), 2 * n as u64);
+        assert_eq!(sink.into_blocks(), blocks);
+    }
+
+    #[tokio::test]
+    async fn a_chunk_that_does_not_fit_the_sink_is_a_typed_mismatch() {
+        let e = engine();
+        let shape = BlockShape::of(&e.layout).unwrap();
+        let sink = LandingSink::new(shape, 2);
+        let spec = chunk(&e, (0, 2));
+        let err = sink.land(spec, &[0; 3]).await.unwrap_err();
+        assert!(matches!(err, ChunkError::Mismatch { chunk: 0, .. }), "{err}");
+        let past = ChunkSpec { blocks: (1, 3), ..spec };
+        assert!(matches!(sink.land(past, &[]).await.unwrap_err(), ChunkError::Mismatch { .. }));
+        assert_eq!(sink.landed_bytes.load(std::sync::atomic::Ordering::Relaxed), 0, "nothing landed");
+    }
+
+    #[test]
+    fn egress_is_paced_on_one_clock_per_capped_peer() {
+        let peer = |region: &str, cap: f64| crate::config::Peer {
+            region: region.into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            gbps: 1.0,
+            rtt_ms: 50.0,
+            max_egress_gbps: cap,
+        };
+        let caps = EgressCaps::new(&[peer("b", 8.0), peer("c", 0.0)]);
+        assert_eq!(caps.by_region.len(), 1, "a peer with cap 0 is not paced");
+        let pacer = &caps.by_region["b"];
+        // 8 Gbit/s is 1 GB/s: 1 GB books 1 s of the link, back to back (whatever the test's
+        // own scheduling delays, as long as they are under a second)
+        let t0 = pacer.book(1_000_000_000);
+        let t1 = pacer.book(1_000_000_000);
+        let t2 = pacer.book(0);
+        assert_eq!(t1 - t0, Duration::from_secs(1));
+        assert_eq!(t2 - t1, Duration::from_secs(1));
+    }
 }

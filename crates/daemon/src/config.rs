@@ -290,6 +290,26 @@ pub struct Transfer {
     /// resumes on a new connection); silent for twice this long, the fetch is abandoned and
     /// the migration falls back to recompute.
     pub idle_timeout_ms: u64,
+    /// Re-fetches allowed per chunk after it failed verification; one more failure ends the
+    /// fetch (and the migration recomputes, if it may).
+    pub max_retries_per_chunk: u32,
+    /// After the source's `Done`, how long in-flight chunks may take before the missing ones
+    /// are asked for again (and again after each unanswered ask), ms.
+    pub missing_grace_ms: u64,
+    /// Wait before a fetch resumes on a new connection, times the reconnects so far (at most
+    /// 20), ms.
+    pub reconnect_backoff_ms: u64,
+}
+
+impl Transfer {
+    /// The peer crate's fetch policy from these settings.
+    pub fn fetch_policy(&self) -> kvferry_peer::FetchPolicy {
+        kvferry_peer::FetchPolicy {
+            max_retries_per_chunk: self.max_retries_per_chunk,
+            missing_grace: std::time::Duration::from_millis(self.missing_grace_ms),
+            reconnect_backoff: std::time::Duration::from_millis(self.reconnect_backoff_ms),
+        }
+    }
 }
 
 /// Policy defaults applied when a request leaves them unset.
@@ -398,7 +418,16 @@ impl Default for Limits {
 
 impl Default for Transfer {
     fn default() -> Self {
-        Self { chunk_bytes: 4 << 20, streams: 4, congestion: Congestion::Cubic, idle_timeout_ms: 10_000 }
+        let fetch = kvferry_peer::FetchPolicy::default();
+        Self {
+            chunk_bytes: 4 << 20,
+            streams: 4,
+            congestion: Congestion::Cubic,
+            idle_timeout_ms: 10_000,
+            max_retries_per_chunk: fetch.max_retries_per_chunk,
+            missing_grace_ms: fetch.missing_grace.as_millis() as u64,
+            reconnect_backoff_ms: fetch.reconnect_backoff.as_millis() as u64,
+        }
     }
 }
 
@@ -563,6 +592,15 @@ impl Config {
         if !(500..=600_000).contains(&t.idle_timeout_ms) {
             return Err(invalid("transfer.idle_timeout_ms", "must be between 500 and 600000"));
         }
+        if t.max_retries_per_chunk > 100 {
+            return Err(invalid("transfer.max_retries_per_chunk", "must be at most 100"));
+        }
+        if !(10..=600_000).contains(&t.missing_grace_ms) {
+            return Err(invalid("transfer.missing_grace_ms", "must be between 10 and 600000"));
+        }
+        if t.reconnect_backoff_ms > 10_000 {
+            return Err(invalid("transfer.reconnect_backoff_ms", "must be at most 10000"));
+        }
         let p = &self.policy;
         if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
             return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
@@ -620,6 +658,29 @@ mod tests {
     }
 
     #[test]
+    fn the_fetch_policy_is_settable_and_defaults_to_the_peer_crates() {
+        // Unset: exactly the peer crate's defaults.
+        assert_eq!(Config::default().transfer.fetch_policy(), kvferry_peer::FetchPolicy::default());
+        assert_eq!(Config::parse("").unwrap().transfer.fetch_policy(), kvferry_peer::FetchPolicy::default());
+        let c = Config::parse(
+            "[transfer]\nmax_retries_per_chunk = 0\nmissing_grace_ms = 250\nreconnect_backoff_ms = 100",
+        )
+        .unwrap();
+        let f = c.transfer.fetch_policy();
+        assert_eq!(f.max_retries_per_chunk, 0);
+        assert_eq!(f.missing_grace, std::time::Duration::from_millis(250));
+        assert_eq!(f.reconnect_backoff, std::time::Duration::from_millis(100));
+        // The edges of the allowed ranges parse.
+        Config::parse(
+            "[transfer]\nmax_retries_per_chunk = 100\nmissing_grace_ms = 10\nreconnect_backoff_ms = 10000",
+        )
+        .unwrap();
+        // A written config reads back the same.
+        let text = toml::to_string(&c).unwrap();
+        assert_eq!(Config::parse(&text).unwrap(), c);
+    }
+
+    #[test]
     fn bad_configs_name_the_field() {
         let cases = [
             ("region = \"\"", "region"),
@@ -634,6 +695,11 @@ mod tests {
             ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion"),
             ("[transfer]\nstreams = 0", "transfer.streams"),
             ("[transfer]\nidle_timeout_ms = 10", "transfer.idle_timeout_ms"),
+            ("[transfer]\nmax_retries_per_chunk = 101", "transfer.max_retries_per_chunk"),
+            ("[transfer]\nmissing_grace_ms = 0", "transfer.missing_grace_ms"),
+            ("[transfer]\nmissing_grace_ms = 700000", "transfer.missing_grace_ms"),
+            ("[transfer]\nreconnect_backoff_ms = 10001", "transfer.reconnect_backoff_ms"),
+            ("[transfer]\nmax_retries_per_chunk = -1", "max_retries_per_chunk"),
             (
                 "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\nmax_egress_gbps = -1",
                 "peers[0].max_egress_gbps",

@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
-use crate::error::DaemonError;
+use crate::error::{DaemonError, Origin};
 use crate::registry::{EngineEntry, EngineLoad, Profile};
 use kvferry_pool::sync::LockExt;
 
@@ -34,7 +34,7 @@ pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
         "f16" => Dtype::F16,
         "fp8_e4m3" => Dtype::Fp8E4m3,
         other => {
-            return Err(DaemonError::Invalid(format!(
+            return Err(DaemonError::invalid(format!(
                 "layout.dtype {other:?} is not f32, bf16, f16 or fp8_e4m3"
             )));
         }
@@ -52,9 +52,9 @@ pub fn layout_of(spec: &PoolLayoutSpec) -> Result<PoolLayout, DaemonError> {
         "flashinfer_nhd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Nhd),
         "flashinfer_hnd" => PoolLayout::flashinfer(attn, spec.num_blocks, StrideOrder::Hnd),
         "vllm_cpu" => PoolLayout::vllm_cpu(attn, spec.num_blocks),
-        other => return Err(DaemonError::Invalid(format!("layout.kind {other:?} is not supported"))),
+        other => return Err(DaemonError::invalid(format!("layout.kind {other:?} is not supported"))),
     };
-    r.map_err(|e| DaemonError::Invalid(format!("layout: {e}")))
+    r.map_err(|e| DaemonError::invalid(format!("layout: {e}")))
 }
 
 /// The region's block hashes for a token list (full blocks only).
@@ -102,11 +102,11 @@ pub fn attach_nixl(
 ) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
     use kvferry_pool_nixl::{NixlBackend, NixlOptions, NixlPoolDescriptor};
     let text = std::str::from_utf8(descriptor_json)
-        .map_err(|_| DaemonError::Invalid("nixl.descriptor_json is not UTF-8".into()))?;
+        .map_err(|_| DaemonError::invalid("nixl.descriptor_json is not UTF-8"))?;
     let desc = NixlPoolDescriptor::from_json(text)
-        .map_err(|e| DaemonError::Invalid(format!("nixl.descriptor_json: {e}")))?;
+        .map_err(|e| DaemonError::invalid(format!("nixl.descriptor_json: {e}")))?;
     if desc.regions.len() != region_lens.len() {
-        return Err(DaemonError::Invalid(format!(
+        return Err(DaemonError::invalid(format!(
             "the NIXL descriptor has {} regions, the layout has {} (one NIXL region per layout region)",
             desc.regions.len(),
             region_lens.len()
@@ -114,31 +114,33 @@ pub fn attach_nixl(
     }
     for (i, (r, &want)) in desc.regions.iter().zip(region_lens).enumerate() {
         if r.len < want {
-            return Err(DaemonError::Invalid(format!(
+            return Err(DaemonError::invalid(format!(
                 "NIXL region {i} is {} bytes, the layout needs {want}",
                 r.len
             )));
         }
     }
     if !kvferry_pool_nixl::COMPILED {
-        return Err(DaemonError::Precondition(
+        return Err(DaemonError::precondition(
             "NIXL pools are not supported by this daemon: it was built without the `nixl` cargo feature \
-             (build with `cargo build --release --features nixl`)"
-                .into(),
-        ));
+             (build with `cargo build --release --features nixl`)",
+        )
+        .at(Origin::Local));
     }
     let Some(helper) = nixl_helper() else {
-        return Err(DaemonError::Precondition(format!(
+        return Err(DaemonError::precondition(format!(
             "NIXL registration of agent {:?} refused: no NIXL helper program (the daemon runs \
              `kvferry {KVFERRY_HELPER_SUBCOMMAND}` when it is the kvferry binary; otherwise set \
              {NIXL_HELPER_ENV} to a kvferry-nixl-engine binary). Engine metadata is never loaded \
              into NIXL inside the daemon's process.",
             desc.agent_name
-        )));
+        ))
+        .at(Origin::Local));
     };
     let opts = NixlOptions { helper: Some(helper), ..NixlOptions::default() };
     let backend = NixlBackend::attach_with(&desc, opts).map_err(|e| {
-        DaemonError::Precondition(format!("cannot attach the NIXL pool of agent {:?}: {e}", desc.agent_name))
+        DaemonError::precondition(format!("cannot attach the NIXL pool of agent {:?}: {e}", desc.agent_name))
+            .at(Origin::Engine)
     })?;
     tracing::info!(engine_agent = %backend.peer(), daemon_agent = %backend.agent_name(), "NIXL pool attached");
     Ok(Arc::new(backend))
@@ -153,10 +155,10 @@ pub fn parse_cuda_descriptor(
     region_lens: &[u64],
 ) -> Result<kvferry_pool_cuda::CudaIpcDescriptor, DaemonError> {
     let desc: kvferry_pool_cuda::CudaIpcDescriptor = serde_json::from_slice(descriptor_json)
-        .map_err(|e| DaemonError::Invalid(format!("cuda.descriptor_json: {e}")))?;
-    desc.validate().map_err(|e| DaemonError::Invalid(format!("cuda.descriptor_json: {e}")))?;
+        .map_err(|e| DaemonError::invalid(format!("cuda.descriptor_json: {e}")))?;
+    desc.validate().map_err(|e| DaemonError::invalid(format!("cuda.descriptor_json: {e}")))?;
     if desc.handles.len() != region_lens.len() {
-        return Err(DaemonError::Invalid(format!(
+        return Err(DaemonError::invalid(format!(
             "the CUDA IPC descriptor has {} regions, the layout has {} (one IPC region per layout region)",
             desc.handles.len(),
             region_lens.len()
@@ -164,7 +166,7 @@ pub fn parse_cuda_descriptor(
     }
     for (i, (r, &want)) in desc.handles.iter().zip(region_lens).enumerate() {
         if r.len < want {
-            return Err(DaemonError::Invalid(format!(
+            return Err(DaemonError::invalid(format!(
                 "CUDA IPC region {i} is {} bytes, the layout needs {want}",
                 r.len
             )));
@@ -193,7 +195,9 @@ fn open_cuda(desc: &kvferry_pool_cuda::CudaIpcDescriptor) -> Result<Arc<dyn Memo
     use kvferry_pool_cuda::{CudaBackend, CudaBackendConfig, unavailable_reason};
     // Probe first: cudarc (dynamic loading) panics on a call into a library it cannot load.
     if let Some(reason) = unavailable_reason() {
-        return Err(DaemonError::Precondition(format!("no CUDA driver on this host ({reason})")));
+        return Err(
+            DaemonError::precondition(format!("no CUDA driver on this host ({reason})")).at(Origin::Local)
+        );
     }
     let backend = CudaBackend::open(desc, CudaBackendConfig::default()).map_err(|e| {
         let e = DaemonError::from(e);
@@ -214,9 +218,10 @@ fn open_cuda(desc: &kvferry_pool_cuda::CudaIpcDescriptor) -> Result<Arc<dyn Memo
 
 #[cfg(not(feature = "cuda"))]
 fn open_cuda(_desc: &kvferry_pool_cuda::CudaIpcDescriptor) -> Result<Arc<dyn MemoryBackend>, DaemonError> {
-    Err(DaemonError::Precondition(
-        "this daemon was built without the `cuda` feature (cargo build --features cuda)".into(),
-    ))
+    Err(DaemonError::precondition(
+        "this daemon was built without the `cuda` feature (cargo build --features cuda)",
+    )
+    .at(Origin::Local))
 }
 
 /// The Engine service.
@@ -230,12 +235,12 @@ impl EngineService {
         self.shared
             .registry
             .by_lease(lease_id)
-            .ok_or_else(|| DaemonError::NotFound(format!("lease {lease_id:?}")))
+            .ok_or_else(|| DaemonError::not_found(format!("lease {lease_id:?}")))
     }
 }
 
 fn hash_of(b: &[u8]) -> Result<BlockHash, DaemonError> {
-    b.try_into().map_err(|_| DaemonError::Invalid(format!("a block hash is {} bytes, not 32", b.len())))
+    b.try_into().map_err(|_| DaemonError::invalid(format!("a block hash is {} bytes, not 32", b.len())))
 }
 
 #[tonic::async_trait]
@@ -246,29 +251,29 @@ impl Engine for EngineService {
     ) -> Result<Response<RegisterPoolResponse>, Status> {
         let r = req.into_inner();
         if r.engine_id.is_empty() || r.model_id.is_empty() {
-            return Err(DaemonError::Invalid("engine_id and model_id are required".into()).into());
+            return Err(DaemonError::invalid("engine_id and model_id are required").into());
         }
-        let spec = r.layout.as_ref().ok_or_else(|| DaemonError::Invalid("layout is required".into()))?;
+        let spec = r.layout.as_ref().ok_or_else(|| DaemonError::invalid("layout is required"))?;
         let layout = layout_of(spec)?;
         let backend: Arc<dyn MemoryBackend> = match r.access {
             Some(register_pool_request::Access::Shm(shm)) => {
                 let (model, offered, backend) =
                     self.shared.registry.take_pending_pool(&shm.pool_token).ok_or_else(|| {
-                        DaemonError::NotFound(format!(
+                        DaemonError::not_found(format!(
                             "shm pool token {:?} (hand the fd to pool.sock first)",
                             shm.pool_token
                         ))
                     })?;
                 if model != r.model_id {
-                    return Err(DaemonError::Precondition(format!(
+                    return Err(DaemonError::precondition(format!(
                         "the shm pool was offered for model {model:?}, registered as {:?}",
                         r.model_id
                     ))
                     .into());
                 }
                 if offered.as_ref() != Some(&layout) {
-                    return Err(DaemonError::Precondition(
-                        "the registered layout differs from the offered pool's".into(),
+                    return Err(DaemonError::precondition(
+                        "the registered layout differs from the offered pool's",
                     )
                     .into());
                 }
@@ -279,23 +284,23 @@ impl Engine for EngineService {
                 let lens = layout.region_lens().to_vec();
                 tokio::task::spawn_blocking(move || attach_nixl(&json, &lens))
                     .await
-                    .map_err(|e| DaemonError::Internal(format!("NIXL attach task: {e}")))??
+                    .map_err(|e| DaemonError::internal(format!("NIXL attach task: {e}")))??
             }
             Some(register_pool_request::Access::Cuda(cuda)) => {
                 let json = cuda.descriptor_json;
                 let lens = layout.region_lens().to_vec();
                 tokio::task::spawn_blocking(move || attach_cuda(&json, &lens))
                     .await
-                    .map_err(|e| DaemonError::Internal(format!("CUDA attach task: {e}")))??
+                    .map_err(|e| DaemonError::internal(format!("CUDA attach task: {e}")))??
             }
-            None => return Err(DaemonError::Invalid("access is required".into()).into()),
+            None => return Err(DaemonError::invalid("access is required").into()),
         };
         let profile = r.profile.unwrap_or_default();
         let linear_ok = profile.linear_s_per_token.is_finite() && profile.linear_s_per_token > 0.0;
         let attention_ok = profile.attention_s_per_pair.is_finite() && profile.attention_s_per_pair >= 0.0;
         if !(linear_ok && attention_ok) {
-            return Err(DaemonError::Invalid(
-                "profile: linear_s_per_token must be > 0 and attention_s_per_pair >= 0".into(),
+            return Err(DaemonError::invalid(
+                "profile: linear_s_per_token must be > 0 and attention_s_per_pair >= 0",
             )
             .into());
         }
@@ -353,7 +358,7 @@ impl Engine for EngineService {
         let first = events
             .message()
             .await?
-            .ok_or_else(|| DaemonError::Invalid("Attach: the first message must name the lease".into()))?;
+            .ok_or_else(|| DaemonError::invalid("Attach: the first message must name the lease"))?;
         let engine = self.engine(&first.lease_id)?;
         let (tx, rx) = mpsc::channel(64);
         {
@@ -419,7 +424,7 @@ impl Engine for EngineService {
             return Err(Status::unavailable("fault injection: Load failed on purpose"));
         }
         if r.block_hashes.len() != r.block_ids.len() {
-            return Err(DaemonError::Invalid("block_hashes and block_ids differ in length".into()).into());
+            return Err(DaemonError::invalid("block_hashes and block_ids differ in length").into());
         }
         let hashes: Vec<BlockHash> = r.block_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
         let layers = engine.layout.num_layers();
@@ -427,17 +432,15 @@ impl Engine for EngineService {
         let mut plan = Vec::with_capacity(hashes.len());
         for (h, &id) in hashes.iter().zip(&r.block_ids) {
             let landed = self.shared.landing.get(&r.tenant, h).ok_or_else(|| {
-                DaemonError::NotFound(format!("block {} is not ready in this region", hex::encode(h)))
+                DaemonError::not_found(format!("block {} is not ready in this region", hex::encode(h)))
             })?;
             if landed.fingerprint != engine.digest {
-                return Err(
-                    DaemonError::Precondition("a ready block was fetched for another layout".into()).into()
-                );
+                return Err(DaemonError::precondition("a ready block was fetched for another layout").into());
             }
             let extents = engine
                 .layout
                 .extents(&[id], 0..layers)
-                .map_err(|e| DaemonError::Invalid(format!("block id {id}: {e}")))?;
+                .map_err(|e| DaemonError::invalid(format!("block id {id}: {e}")))?;
             plan.push((extents, landed));
         }
         self.shared.landing.lease(&hashes);
@@ -483,14 +486,13 @@ impl Engine for EngineService {
         let mut stored = Vec::new();
         for s in &r.stored {
             if s.block_hashes.len() != s.block_ids.len() {
-                return Err(DaemonError::Invalid(
-                    "stored: block_hashes and block_ids differ in length".into(),
-                )
-                .into());
+                return Err(
+                    DaemonError::invalid("stored: block_hashes and block_ids differ in length").into()
+                );
             }
             for (h, &id) in s.block_hashes.iter().zip(&s.block_ids) {
                 if id >= engine.layout.num_blocks() {
-                    return Err(DaemonError::Invalid(format!(
+                    return Err(DaemonError::invalid(format!(
                         "stored: block id {id} is past the pool's {} blocks",
                         engine.layout.num_blocks()
                     ))
@@ -591,5 +593,109 @@ pub fn serve_pool_socket(listener: std::os::unix::net::UnixListener, shared: Arc
             Err(e) => format!("error: {e}"),
         };
         let _ = writeln!(stream, "{reply}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The request checks of the Engine API, without a socket: what a layout spec, a block
+    //! hash and a CUDA IPC descriptor must look like, and the status each refusal gets.
+    use super::*;
+    use kvferry_pool_cuda::{CudaIpcDescriptor, IpcRegion};
+    use tonic::Code;
+
+    fn spec(kind: &str, dtype: &str) -> PoolLayoutSpec {
+        PoolLayoutSpec {
+            kind: kind.into(),
+            layers: 2,
+            kv_heads: 4,
+            head_dim: 64,
+            block_size: 16,
+            num_blocks: 8,
+            dtype: dtype.into(),
+        }
+    }
+
+    #[test]
+    fn every_supported_layout_kind_and_dtype_parses() {
+        let kinds =
+            ["vllm_flash_attn_nhd", "vllm_flash_attn_hnd", "flashinfer_nhd", "flashinfer_hnd", "vllm_cpu"];
+        for kind in kinds {
+            for (dtype, bytes) in [("f32", 4), ("bf16", 2), ("f16", 2), ("fp8_e4m3", 1)] {
+                let l = layout_of(&spec(kind, dtype)).unwrap_or_else(|e| panic!("{kind} {dtype}: {e}"));
+                assert_eq!(l.spec().block_size, 16);
+                // K and V of 2 layers × 4 heads × 64 dims × 16 tokens, in that dtype
+                assert_eq!(l.bytes_per_block(0..2).unwrap(), 2 * 2 * 4 * 64 * 16 * bytes, "{kind} {dtype}");
+            }
+        }
+        // the same spec under two kinds is two layouts (fingerprints differ)
+        let a = layout_of(&spec("vllm_flash_attn_nhd", "bf16")).unwrap().fingerprint("m").digest();
+        let b = layout_of(&spec("vllm_flash_attn_hnd", "bf16")).unwrap().fingerprint("m").digest();
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn an_unknown_kind_or_dtype_or_shape_is_an_invalid_argument() {
+        let cases = [
+            (spec("paged_magic", "bf16"), "layout.kind \"paged_magic\""),
+            (spec("vllm_cpu", "int4"), "layout.dtype \"int4\""),
+            (PoolLayoutSpec { block_size: 0, ..spec("vllm_cpu", "bf16") }, "layout: "),
+            (PoolLayoutSpec { layers: 0, ..spec("flashinfer_nhd", "f16") }, "layout: "),
+        ];
+        for (s, want) in cases {
+            let e = layout_of(&s).unwrap_err();
+            assert_eq!(
+                (e.code(), e.origin(), e.retryable()),
+                (Code::InvalidArgument, Origin::Request, false)
+            );
+            assert!(e.reason().starts_with(want), "{s:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn block_hashes_are_32_bytes_and_cover_full_blocks_only() {
+        assert_eq!(hash_of(&[5; 32]).unwrap(), [5; 32]);
+        for n in [0, 31, 33] {
+            let e = hash_of(&vec![0; n]).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert_eq!(e.reason(), format!("a block hash is {n} bytes, not 32"));
+        }
+        let tokens: Vec<u32> = (0..40).collect();
+        let h = hashes_for("t", &tokens, 16);
+        assert_eq!(h.len(), 2, "40 tokens are 2 full blocks of 16");
+        assert_eq!(h, hashes_for("t", &tokens[..32], 16), "the partial block adds nothing");
+        assert_ne!(h, hashes_for("u", &tokens, 16), "hashes are salted with the tenant");
+        assert_eq!(hashes_for("t", &tokens[..32], 16)[0], hashes_for("t", &tokens[..16], 16)[0]);
+    }
+
+    fn descriptor(lens: &[u64]) -> Vec<u8> {
+        let d = CudaIpcDescriptor {
+            handles: lens.iter().map(|&len| IpcRegion { handle: [7; 64], offset: 0, len }).collect(),
+            device: 0,
+            device_uuid: None,
+            ready_event: None,
+        };
+        serde_json::to_vec(&d).unwrap()
+    }
+
+    #[test]
+    fn a_cuda_descriptor_must_cover_the_layouts_regions() {
+        let d = parse_cuda_descriptor(&descriptor(&[4096, 8192]), &[4096, 4096]).unwrap();
+        assert_eq!(d.handles.len(), 2);
+        let cases: [(Vec<u8>, &[u64], &str); 4] = [
+            (b"{not json".to_vec(), &[4096], "cuda.descriptor_json: "),
+            (descriptor(&[]), &[4096], "cuda.descriptor_json: "),
+            (descriptor(&[4096]), &[4096, 4096], "the CUDA IPC descriptor has 1 regions, the layout has 2"),
+            (
+                descriptor(&[4096, 100]),
+                &[4096, 4096],
+                "CUDA IPC region 1 is 100 bytes, the layout needs 4096",
+            ),
+        ];
+        for (json, lens, want) in cases {
+            let e = parse_cuda_descriptor(&json, lens).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument);
+            assert!(e.reason().starts_with(want), "{e}");
+        }
     }
 }

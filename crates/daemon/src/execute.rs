@@ -24,7 +24,7 @@ use tonic::Status;
 use crate::Shared;
 use crate::blockbuf::BlockShape;
 use crate::catalog::{LandingSink, landed_blocks};
-use crate::error::DaemonError;
+use crate::error::{DaemonError, Origin};
 use crate::plan::{Planned, Prepared, set_receipt_action};
 use kvferry_pool::sync::LockExt;
 
@@ -95,8 +95,7 @@ pub async fn execute(
         && let Some((src, _)) = &p.source
     {
         shared.links.record_prediction(src, receipt.predicted_s, receipt.measured_s);
-        let err = (receipt.predicted_s - receipt.measured_s).abs() / receipt.measured_s.max(1e-9);
-        shared.metrics.last_prediction_error.set(err);
+        shared.metrics.last_prediction_error.set(prediction_error(receipt.predicted_s, receipt.measured_s));
     }
     Ok(receipt)
 }
@@ -191,19 +190,42 @@ async fn fallback(
     e: DaemonError,
 ) -> Result<(), DaemonError> {
     shared.metrics.fallbacks.inc();
-    let total = p.hashes.len() * p.block_size as usize;
-    if p.tokens.len() < total {
+    if !p.has_tokens() {
         return Err(e);
     }
     tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
-    let n = recompute(shared, p, total).await?;
+    let n = recompute(shared, p, p.total_tokens()).await?;
+    record_fallback(receipt, &e, n, &format!("{} engine {}", shared.config.region, p.engine.engine_id));
+    Ok(())
+}
+
+/// A receipt after a failed fetch was replaced by a recompute of `tokens_ready` tokens by
+/// `engine` (named `<region> engine <id>`): what ran is a recompute, nothing moved.
+fn record_fallback(receipt: &mut Receipt, e: &DaemonError, tokens_ready: u64, engine: &str) {
     set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
-    receipt.tokens_ready = n;
+    receipt.tokens_ready = tokens_ready;
     receipt.bytes_moved = 0;
-    receipt.path =
-        format!("{} engine {}: local prefill (fallback)", shared.config.region, p.engine.engine_id);
-    Ok(())
+    receipt.path = format!("{engine}: local prefill (fallback)");
+}
+
+/// Relative error of a prediction against the measured time (the measured time floored at
+/// 1 ns, so an instant migration does not divide by zero).
+pub fn prediction_error(predicted_s: f64, measured_s: f64) -> f64 {
+    (predicted_s - measured_s).abs() / measured_s.max(1e-9)
+}
+
+/// The goodput sample a fetch gives, as seconds on the wire for its bytes: the round trip of
+/// the request taken out (the model adds the RTT separately), only from transfers of at least
+/// [`GOODPUT_SAMPLE_MIN_BYTES`] (smaller ones measure fixed costs, not the pipe).
+pub fn goodput_sample_s(bytes: u64, wall: Duration, rtt: Duration) -> Option<f64> {
+    (bytes >= GOODPUT_SAMPLE_MIN_BYTES).then(|| (wall.as_secs_f64() - rtt.as_secs_f64()).max(1e-6))
+}
+
+/// How long a source may send no verified byte before the fetch is abandoned: one loss
+/// detection (the idle timeout) plus one reconnect attempt.
+pub fn silent_limit(idle_timeout: Duration) -> Duration {
+    2 * idle_timeout
 }
 
 /// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
@@ -214,10 +236,9 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
         return Ok(0);
     }
     let started = Instant::now();
-    let sender =
-        p.engine.commands.locked().clone().ok_or_else(|| {
-            DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
-        })?;
+    let sender = p.engine.commands.locked().clone().ok_or_else(|| {
+        DaemonError::unavailable(Origin::Engine, format!("engine {} is not attached", p.engine.engine_id))
+    })?;
     let (tx, rx) = oneshot::channel();
     let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
     p.engine.recompute_waiters.locked().insert(key.clone(), tx);
@@ -236,7 +257,7 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
             token_ids: p.tokens[..n.min(p.tokens.len())].to_vec(),
         })),
     };
-    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::Unavailable("engine detached".into()))?;
+    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::unavailable(Origin::Engine, "engine detached"))?;
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     match tokio::time::timeout(remaining, rx).await {
         Ok(Ok(Ok(tokens))) => {
@@ -252,11 +273,11 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
             }
             Ok(tokens)
         }
-        Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
-        Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
-        Err(_) => {
-            Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
+        Ok(Ok(Err(e))) => {
+            Err(DaemonError::internal(format!("engine recompute failed: {e}")).at(Origin::Engine))
         }
+        Ok(Err(_)) => Err(DaemonError::unavailable(Origin::Engine, "engine detached during recompute")),
+        Err(_) => Err(DaemonError::deadline("the engine did not finish recomputing before the deadline")),
     }
 }
 
@@ -270,14 +291,14 @@ async fn fetch(
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
     let started = Instant::now();
-    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::Internal("fetch without a source".into()))?;
-    let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
+    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::internal("fetch without a source"))?;
+    let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::not_found(src.clone()))?;
     let id =
-        RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::Internal(e.to_string()))?;
-    let shape = BlockShape::of(&p.engine.layout).map_err(DaemonError::Internal)?;
+        RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::internal(e.to_string()))?;
+    let shape = BlockShape::of(&p.engine.layout).map_err(DaemonError::internal)?;
     let hashes = p.hashes[from..end].to_vec();
     let total = shape.block_bytes() * hashes.len() as u64;
-    let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::Exhausted(e.to_string()))?;
+    let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::exhausted(e.to_string()))?;
     let sink = Arc::new(LandingSink::new(shape.clone(), hashes.len()));
     let spec = FetchSpec {
         tenant: p.tenant.clone(),
@@ -309,7 +330,7 @@ async fn fetch(
             }
         })
     });
-    let silent_limit = 2 * Duration::from_millis(shared.config.transfer.idle_timeout_ms);
+    let silent_limit = silent_limit(Duration::from_millis(shared.config.transfer.idle_timeout_ms));
     let watchdog = {
         let landed = sink.landed_bytes.clone();
         async move {
@@ -330,35 +351,25 @@ async fn fetch(
         silent = watchdog => {
             tracing::warn!(source = %src, silent_s = silent.as_secs_f64(), landed = sink.landed_bytes.load(Ordering::Relaxed),
                 "no verified byte from the source; abandoning the fetch");
-            return Err(DaemonError::Unavailable(format!(
+            return Err(DaemonError::unavailable(Origin::Peer, format!(
                 "fetch from {src}: no verified byte for {:.1} s (source down?)",
                 silent.as_secs_f64()
             )));
         }
     };
     drop(progress);
-    let r = result.map_err(|e| match e {
-        kvferry_wire::WireError::DeadlineExceeded => {
-            DaemonError::Deadline("the fetch did not finish before the deadline".into())
-        }
-        other => DaemonError::Unavailable(format!("fetch from {src}: {other}")),
-    })?;
+    let r = result.map_err(|e| DaemonError::from_fetch(&src, &e))?;
     if r.blocks as usize != hashes.len() {
-        return Err(DaemonError::Unavailable(format!(
-            "{src} served {} of {} blocks",
-            r.blocks,
-            hashes.len()
-        )));
+        return Err(DaemonError::unavailable(
+            Origin::Peer,
+            format!("{src} served {} of {} blocks", r.blocks, hashes.len()),
+        ));
     }
-    let sink =
-        Arc::try_unwrap(sink).map_err(|_| DaemonError::Internal("landing sink still shared".into()))?;
+    let sink = Arc::try_unwrap(sink).map_err(|_| DaemonError::internal("landing sink still shared"))?;
     shared
         .landing
         .commit(reservation, landed_blocks(&p.tenant, p.engine.digest, &hashes, sink.into_blocks()));
-    // Goodput samples from transfers big enough to measure the pipe rather than the fixed costs,
-    // with the request's round trip taken out (the model adds the RTT separately).
-    if r.bytes >= GOODPUT_SAMPLE_MIN_BYTES {
-        let secs = (r.wall.as_secs_f64() - r.rtt.as_secs_f64()).max(1e-6);
+    if let Some(secs) = goodput_sample_s(r.bytes, r.wall, r.rtt) {
         shared.links.record_goodput(&src, r.bytes, secs);
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
@@ -380,17 +391,84 @@ async fn fetch(
 /// measured profile, plus 250 ms for the command's round trip), when the request allows a
 /// fallback and it fits; else the request's.
 pub fn fetch_deadline(p: &Prepared) -> Instant {
-    let total = p.hashes.len() * p.block_size as usize;
-    if p.tokens.len() < total {
+    if !p.has_tokens() {
         return p.deadline;
     }
     let prof = *p.engine.profile.locked();
-    let Some(reserve) = fallback_reserve_s(prof.linear_s_per_token, prof.attention_s_per_pair, total as u64)
-    else {
-        return p.deadline;
-    };
-    match p.deadline.checked_sub(Duration::from_secs_f64(reserve)) {
-        Some(d) if d > Instant::now() => d,
-        _ => p.deadline,
+    let reserve =
+        fallback_reserve_s(prof.linear_s_per_token, prof.attention_s_per_pair, p.total_tokens() as u64);
+    fetch_deadline_at(p.deadline, Instant::now(), reserve)
+}
+
+/// The rule of [`fetch_deadline`] on plain values: `deadline` less `reserve_s` when that is
+/// still after `now`; else (no reserve, or no room for it) `deadline` itself.
+pub fn fetch_deadline_at(deadline: Instant, now: Instant, reserve_s: Option<f64>) -> Instant {
+    let Some(reserve) = reserve_s.filter(|r| r.is_finite() && *r >= 0.0) else { return deadline };
+    match deadline.checked_sub(Duration::from_secs_f64(reserve)) {
+        Some(d) if d > now => d,
+        _ => deadline,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The executor's rules on plain values (the driver around them is exercised end to end
+    //! by crates/cli/tests: fetch, recompute, split, fallback, a killed source).
+    use super::*;
+
+    #[test]
+    fn a_fetch_leaves_the_reserve_before_the_deadline_when_there_is_room() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(10);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(4.0)), deadline - Duration::from_secs(4));
+        // no usable estimate: the whole deadline
+        assert_eq!(fetch_deadline_at(deadline, now, None), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(f64::NAN)), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(-1.0)), deadline);
+        // no room for the reserve: the fetch gets the whole deadline rather than none
+        assert_eq!(fetch_deadline_at(deadline, now, Some(10.0)), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(60.0)), deadline);
+        // the reserve the model gives for a real profile fits a generous deadline
+        let reserve = fallback_reserve_s(1e-4, 1e-9, 4096);
+        let d = fetch_deadline_at(deadline, now, reserve);
+        assert!(d < deadline && d > now, "{reserve:?}");
+    }
+
+    #[test]
+    fn goodput_is_sampled_only_from_big_transfers_without_the_round_trip() {
+        let ms = Duration::from_millis;
+        assert_eq!(goodput_sample_s(GOODPUT_SAMPLE_MIN_BYTES - 1, ms(500), ms(50)), None);
+        let s = goodput_sample_s(GOODPUT_SAMPLE_MIN_BYTES, ms(500), ms(50)).unwrap();
+        assert!((s - 0.45).abs() < 1e-12, "{s}");
+        // a round trip longer than the wall time (clock granularity) still gives a positive time
+        assert_eq!(goodput_sample_s(64 << 20, ms(10), ms(20)), Some(1e-6));
+    }
+
+    #[test]
+    fn prediction_error_is_relative_to_the_measured_time() {
+        assert_eq!(prediction_error(1.5, 1.0), 0.5);
+        assert_eq!(prediction_error(0.5, 1.0), 0.5);
+        assert_eq!(prediction_error(2.0, 2.0), 0.0);
+        assert!(prediction_error(1.0, 0.0).is_finite());
+    }
+
+    #[test]
+    fn a_source_is_given_up_after_two_idle_timeouts() {
+        assert_eq!(silent_limit(Duration::from_millis(10_000)), Duration::from_secs(20));
+    }
+
+    #[test]
+    fn a_fallback_receipt_says_recompute_and_why() {
+        let mut r = Receipt { bytes_moved: 99, ..Default::default() };
+        set_receipt_action(&mut r, MigrationAction::Fetch);
+        let e = DaemonError::unavailable(crate::error::Origin::Peer, "fetch from a: connection: reset");
+        record_fallback(&mut r, &e, 592, "region-b engine e0");
+        assert_eq!((r.action.as_str(), r.kind()), ("recompute", kvferry_proto::v1::Action::Recompute));
+        assert_eq!((r.tokens_ready, r.bytes_moved), (592, 0));
+        assert_eq!(
+            r.fallback,
+            "fetch failed (unavailable: fetch from a: connection: reset); recomputed instead"
+        );
+        assert_eq!(r.path, "region-b engine e0: local prefill (fallback)");
     }
 }

@@ -233,7 +233,7 @@ impl Daemon {
                 tuning,
                 staging_bytes: config.limits.staging_bytes as usize,
                 chunk_target_bytes: config.transfer.chunk_bytes,
-                fetch: kvferry_peer::FetchPolicy::default(),
+                fetch: config.transfer.fetch_policy(),
             },
             catalog,
         )

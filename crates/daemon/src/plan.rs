@@ -9,14 +9,13 @@ use kvferry_layout::BlockHash;
 use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
     Decision as ModelDecision, FetchCalibration, HedgeDecision, HedgePolicy, KvFootprint, KvShape,
-    MigrationAction, Mode, PlanError, PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
+    MigrationAction, Mode, PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
 };
 use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
-use kvferry_wire::WireError;
 
 use crate::Shared;
 use crate::engine_api::hashes_for;
-use crate::error::DaemonError;
+use crate::error::{DaemonError, Origin};
 use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
@@ -48,6 +47,24 @@ pub struct Prepared {
     pub engine_load: f64,
     /// What a hedge may do here (`allow` false: no hedge for this request).
     pub hedge_policy: HedgePolicy,
+}
+
+impl Prepared {
+    /// Tokens of the whole prefix (its full blocks).
+    pub fn total_tokens(&self) -> usize {
+        self.hashes.len() * self.block_size as usize
+    }
+
+    /// Whether the request carried the prefix's tokens (only then can it be recomputed).
+    pub fn has_tokens(&self) -> bool {
+        has_tokens(self.tokens.len(), self.hashes.len(), self.block_size)
+    }
+}
+
+/// Whether `tokens` token ids cover `blocks` full blocks of `block_size`: a request given only
+/// as block hashes (or fewer tokens than its blocks) cannot be recomputed.
+pub fn has_tokens(tokens: usize, blocks: usize, block_size: u32) -> bool {
+    tokens >= blocks.saturating_mul(block_size as usize)
 }
 
 impl std::fmt::Debug for Prepared {
@@ -115,6 +132,41 @@ fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest) -> HedgePolicy {
     }
 }
 
+/// A request's time budget: the tightest of its `deadline_ms`, the caller's grpc-timeout and
+/// its absolute `deadline_unix_ms` (against `now_unix_ms`); `default` when it names none.
+/// Zero means "unset" for both request fields.
+pub fn request_budget(
+    deadline_ms: u64,
+    transport_timeout: Option<Duration>,
+    deadline_unix_ms: u64,
+    now_unix_ms: u64,
+    default: Duration,
+) -> Duration {
+    let budget = match (deadline_ms, transport_timeout) {
+        (0, None) => default,
+        (0, Some(t)) => t,
+        (ms, None) => Duration::from_millis(ms),
+        (ms, Some(t)) => Duration::from_millis(ms).min(t),
+    };
+    if deadline_unix_ms > 0 {
+        budget.min(Duration::from_millis(deadline_unix_ms.saturating_sub(now_unix_ms)))
+    } else {
+        budget
+    }
+}
+
+/// The source to fetch from among the regions that answered: the one holding the most leading
+/// blocks (the first asked wins a tie), with its load report.
+pub fn best_source<L>(answers: impl IntoIterator<Item = (String, u32, L)>) -> Option<(String, u32, L)> {
+    let mut best: Option<(String, u32, L)> = None;
+    for (region, held, load) in answers {
+        if best.as_ref().is_none_or(|(_, n, _)| held > *n) {
+            best = Some((region, held, load));
+        }
+    }
+    best
+}
+
 fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
     let p = r.policy.unwrap_or_default();
     Policy {
@@ -140,56 +192,54 @@ pub async fn prepare(
 ) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
     if r.session_id.is_empty() {
-        return Err(DaemonError::Invalid("session_id is required".into()));
+        return Err(DaemonError::invalid("session_id is required"));
     }
     if r.tenant.is_empty() || r.tenant.len() > 256 {
-        return Err(DaemonError::Invalid("tenant must be 1 to 256 bytes".into()));
+        return Err(DaemonError::invalid("tenant must be 1 to 256 bytes"));
     }
     let max = shared.config.limits.max_tokens;
     if r.token_ids.is_empty() && r.block_hashes.is_empty() {
-        return Err(DaemonError::Invalid("token_ids (or block_hashes) must not be empty".into()));
+        return Err(DaemonError::invalid("token_ids (or block_hashes) must not be empty"));
     }
     if r.token_ids.len() as u64 > max || r.block_hashes.len() as u64 * 16 > max {
-        return Err(DaemonError::Exhausted(format!("the prefix exceeds limits.max_tokens = {max}")));
+        return Err(DaemonError::exhausted(format!("the prefix exceeds limits.max_tokens = {max}"))
+            .at(Origin::Request)
+            .retry(false));
     }
-    let budget = match (r.deadline_ms, transport_timeout) {
-        (0, None) => Duration::from_millis(shared.config.limits.default_deadline_ms),
-        (0, Some(t)) => t,
-        (ms, None) => Duration::from_millis(ms),
-        (ms, Some(t)) => Duration::from_millis(ms).min(t),
-    };
-    let budget = if r.deadline_unix_ms > 0 {
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
-        budget.min(Duration::from_millis(r.deadline_unix_ms.saturating_sub(now_ms)))
-    } else {
-        budget
-    };
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    let budget = request_budget(
+        r.deadline_ms,
+        transport_timeout,
+        r.deadline_unix_ms,
+        now_unix_ms,
+        Duration::from_millis(shared.config.limits.default_deadline_ms),
+    );
     if budget < Duration::from_millis(1) {
-        return Err(DaemonError::Deadline("the request's deadline has already expired".into()));
+        return Err(DaemonError::deadline("the request's deadline has already expired"));
     }
     let deadline = started + budget;
     let digest: Option<[u8; 32]> = match r.layout_fingerprint.len() {
         0 => None,
         32 => r.layout_fingerprint.as_slice().try_into().ok(),
-        n => return Err(DaemonError::Invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
+        n => return Err(DaemonError::invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
     };
     let engine = shared.registry.target(&r.target_engine, &r.model_id, None).ok_or_else(|| {
-        DaemonError::NotFound(format!("no engine for model {:?} in this region", r.model_id))
+        DaemonError::not_found(format!("no engine for model {:?} in this region", r.model_id))
     })?;
     if let Some(d) = digest
         && d != engine.digest
     {
-        return Err(DaemonError::Precondition(format!(
+        return Err(DaemonError::precondition(format!(
             "layout fingerprint mismatch: the request's differs from engine {}'s ({})",
             engine.engine_id,
             engine.fingerprint.digest()
         )));
     }
     if !r.source_region.is_empty() && shared.links.peer(&r.source_region).is_none() {
-        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+        return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
@@ -197,14 +247,14 @@ pub async fn prepare(
             .iter()
             .map(|b| {
                 <[u8; 32]>::try_from(b.as_slice())
-                    .map_err(|_| DaemonError::Invalid(format!("a block hash is {} bytes, not 32", b.len())))
+                    .map_err(|_| DaemonError::invalid(format!("a block hash is {} bytes, not 32", b.len())))
             })
             .collect::<Result<_, _>>()?
     } else {
         hashes_for(&r.tenant, &r.token_ids, block_size)
     };
     if hashes.is_empty() {
-        return Err(DaemonError::Invalid(format!("the prefix holds no full block of {block_size} tokens")));
+        return Err(DaemonError::invalid(format!("the prefix holds no full block of {block_size} tokens")));
     }
     let local_blocks = hashes
         .iter()
@@ -247,7 +297,7 @@ pub async fn prepare(
     } else if shared.links.peer(&r.source_region).is_some() {
         vec![r.source_region.clone()]
     } else {
-        return Err(DaemonError::NotFound(format!("unknown region {:?}", r.source_region)));
+        return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     };
     // Ask the candidates concurrently; bound the wait so a dead region still leaves time to act.
     let ask_until =
@@ -258,41 +308,39 @@ pub async fn prepare(
         let (tenant, digest, hashes) = (p.tenant.clone(), p.engine.digest, p.hashes.clone());
         asks.push(tokio::spawn(async move {
             let peer = shared.links.peer(&region).cloned();
-            let Some(peer) = peer else { return (region, Err(WireError::Local("unknown peer".into()))) };
+            let Some(peer) = peer else {
+                let e = DaemonError::internal(format!("{region} unreachable: not a configured peer"));
+                return (region, Err(e));
+            };
             let id = match kvferry_peer::RegionId::new(&shared.config.trust_domain, &region) {
                 Ok(id) => id,
-                Err(e) => return (region, Err(WireError::Local(e.to_string()))),
+                Err(e) => {
+                    let e = DaemonError::precondition(format!("{region} unreachable: {e}")).at(Origin::Local);
+                    return (region, Err(e));
+                }
             };
             let res = shared.node.query(&id, peer.addr, &tenant, digest, hashes, ask_until).await;
             if let Ok(h) = &res {
                 shared.links.record_rtt(&region, h.rtt.as_secs_f64());
             }
+            let res = res.map_err(|e| DaemonError::from_query(&region, &e));
             (region, res)
         }));
     }
-    let mut best: Option<(String, u32)> = None;
-    let mut best_load = None;
+    let mut answers = Vec::new();
     let mut notes = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
         match res {
-            Ok(h) => {
-                if best.as_ref().is_none_or(|(_, n)| h.blocks_held > *n) {
-                    best = Some((region, h.blocks_held));
-                    best_load = h.load;
-                }
-            }
-            Err(WireError::Refused { code, detail }) => {
-                notes.push(format!("{region} refused: {code:?}: {detail}"))
-            }
-            Err(e) => notes.push(format!("{region} unreachable: {e}")),
+            Ok(h) => answers.push((region, h.blocks_held, h.load)),
+            Err(e) => notes.push(e.reason().to_owned()),
         }
     }
-    if let Some((region, _)) = &best {
-        p.figures = shared.links.figures(region).map(|f| capped(f, best_load.as_ref()));
+    if let Some((region, held, load)) = best_source(answers) {
+        p.figures = shared.links.figures(&region).map(|f| capped(f, load.as_ref()));
+        p.source = Some((region, held));
+        p.source_load = load;
     }
-    p.source = best;
-    p.source_load = best_load;
     if shared.config.policy.calibrate {
         if let (Some((region, _)), Some(fig)) = (&p.source, &p.figures) {
             p.fetch_cal = shared.calib.fetch(region, fig);
@@ -312,14 +360,14 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
     let bytes_per_token = e
         .layout
         .bytes_per_block(0..e.layout.num_layers())
-        .map_err(|x| DaemonError::Internal(x.to_string()))? as f64
+        .map_err(|x| DaemonError::internal(x.to_string()))? as f64
         / f64::from(s.block_size);
     let elements = 2.0 * f64::from(s.layers) * f64::from(s.kv_heads) * f64::from(s.head_dim);
     KvFootprint::new(
         KvShape::Gqa { layers: s.layers, kv_heads: s.kv_heads, head_dim: s.head_dim },
         bytes_per_token / elements,
     )
-    .map_err(|x| DaemonError::Internal(x.to_string()))
+    .map_err(|x| DaemonError::internal(x.to_string()))
 }
 
 /// The link figures priced at no more than the source's egress cap toward this region (from
@@ -364,7 +412,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         priced_tokens(p),
     )
     .map(Some)
-    .map_err(|e| DaemonError::Internal(format!("calibration: {e}")))
+    .map_err(|e| DaemonError::internal(format!("calibration: {e}")))
 }
 
 /// The calibrated predictions (mean and band) of fetching and of recomputing what the model
@@ -390,21 +438,15 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         block_tokens: u64::from(p.block_size),
         local_blocks: p.local_blocks as u64,
         source_blocks: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n)),
-        has_tokens: p.tokens.len() >= p.hashes.len() * p.block_size as usize,
+        has_tokens: p.has_tokens(),
     };
     let remaining_s = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
     let reason = |r: &PlanReason| match (r, &p.source_note) {
         (PlanReason::NoSourceHolds, Some(n)) => format!("{r} ({n})"),
         _ => r.to_string(),
     };
-    let plan =
-        plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s).map_err(|e| match e {
-            PlanError::CannotRecompute { reason: r } => DaemonError::Precondition(format!(
-                "{}; and the request carries block hashes, not tokens, so the prefix cannot be recomputed",
-                reason(&r)
-            )),
-            other => DaemonError::Internal(other.to_string()),
-        })?;
+    let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
+        .map_err(|e| DaemonError::from_plan(&e, reason))?;
     let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
     let hedge = kvferry_model::plan_hedge(
         &plan,
@@ -555,8 +597,55 @@ pub fn engine_calibration(
 
 #[cfg(test)]
 mod tests {
-    use super::{action_to_proto, set_receipt_action};
+    use super::{action_to_proto, best_source, grpc_timeout, has_tokens, request_budget, set_receipt_action};
     use kvferry_model::MigrationAction;
+    use std::time::Duration;
+
+    #[test]
+    fn the_budget_is_the_tightest_deadline_the_request_names() {
+        let (ms, default) = (Duration::from_millis, Duration::from_secs(30));
+        assert_eq!(request_budget(0, None, 0, 1_000, default), default);
+        assert_eq!(request_budget(500, None, 0, 1_000, default), ms(500));
+        assert_eq!(request_budget(0, Some(ms(700)), 0, 1_000, default), ms(700));
+        assert_eq!(request_budget(500, Some(ms(700)), 0, 1_000, default), ms(500));
+        assert_eq!(request_budget(900, Some(ms(700)), 0, 1_000, default), ms(700));
+        // an absolute deadline 250 ms from now
+        assert_eq!(request_budget(0, None, 1_250, 1_000, default), ms(250));
+        assert_eq!(request_budget(100, None, 1_250, 1_000, default), ms(100));
+        // already past: nothing left (the caller refuses it with DEADLINE_EXCEEDED)
+        assert_eq!(request_budget(500, None, 900, 1_000, default), Duration::ZERO);
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_with_every_unit() {
+        assert_eq!(grpc_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(grpc_timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(grpc_timeout("4S"), Some(Duration::from_secs(4)));
+        assert_eq!(grpc_timeout("5m"), Some(Duration::from_millis(5)));
+        assert_eq!(grpc_timeout("6u"), Some(Duration::from_micros(6)));
+        assert_eq!(grpc_timeout("7n"), Some(Duration::from_nanos(7)));
+        for bad in ["", "S", "10", "10x", "-1S", "1.5S"] {
+            assert_eq!(grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_source_is_the_region_holding_most_first_on_a_tie() {
+        assert_eq!(best_source(Vec::<(String, u32, ())>::new()), None);
+        let answers =
+            vec![("a".to_owned(), 3, 'a'), ("b".into(), 7, 'b'), ("c".into(), 7, 'c'), ("d".into(), 0, 'd')];
+        assert_eq!(best_source(answers), Some(("b".into(), 7, 'b')));
+        // a region that holds nothing is still a (useless) answer: the plan sees 0 held
+        assert_eq!(best_source(vec![("a".to_owned(), 0, ())]), Some(("a".into(), 0, ())));
+    }
+
+    #[test]
+    fn only_a_request_with_every_token_can_be_recomputed() {
+        assert!(has_tokens(64, 4, 16));
+        assert!(has_tokens(70, 4, 16), "a partial last block is fine");
+        assert!(!has_tokens(63, 4, 16));
+        assert!(!has_tokens(0, 4, 16), "block hashes only");
+    }
 
     #[test]
     fn the_typed_action_names_the_same_action_as_the_string() {

@@ -29,14 +29,24 @@ pub struct MigrationService {
 
 impl MigrationService {
     fn authorise<T>(&self, req: &Request<T>) -> Result<(), DaemonError> {
-        let want = &self.shared.config.auth.bearer_token;
-        if want.is_empty() {
-            return Ok(());
+        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        if bearer_ok(&self.shared.config.auth.bearer_token, got) {
+            Ok(())
+        } else {
+            Err(DaemonError::unauthenticated("a valid bearer token is required"))
         }
-        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        let ok = got.strip_prefix("Bearer ").is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()));
-        if ok { Ok(()) } else { Err(DaemonError::Unauthenticated("a valid bearer token is required".into())) }
     }
+}
+
+/// Whether an `authorization` header value admits a caller: anything when no token is
+/// configured (`want` empty), else exactly `Bearer <want>` (compared in constant time).
+pub fn bearer_ok(want: &str, authorization: Option<&str>) -> bool {
+    if want.is_empty() {
+        return true;
+    }
+    authorization
+        .and_then(|h| h.strip_prefix("Bearer "))
+        .is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()))
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -48,7 +58,11 @@ fn timeout_of<T>(req: &Request<T>) -> Option<std::time::Duration> {
 }
 
 fn count(shared: &crate::Shared, action: MigrationAction) {
-    let m = &shared.metrics;
+    count_decision(&shared.metrics, action);
+}
+
+/// Counts a decision under its action's metric.
+fn count_decision(m: &crate::metrics::Metrics, action: MigrationAction) {
     match action {
         MigrationAction::Fetch => m.decisions_fetch.inc(),
         MigrationAction::Recompute => m.decisions_recompute.inc(),
@@ -71,7 +85,7 @@ impl Migration for MigrationService {
             .migrations
             .clone()
             .try_acquire_owned()
-            .map_err(|_| DaemonError::Exhausted("too many concurrent migrations".into()))?;
+            .map_err(|_| DaemonError::exhausted("too many concurrent migrations"))?;
         let timeout = timeout_of(&req);
         let r = req.into_inner();
         let prepared = prepare(&self.shared, &r, timeout).await?;
@@ -147,5 +161,66 @@ impl Migration for MigrationService {
             .map(|(id, reported, e)| engine_calibration(id, *reported, e))
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_configured_token_every_caller_is_admitted() {
+        assert!(bearer_ok("", None));
+        assert!(bearer_ok("", Some("Bearer anything")));
+        assert!(bearer_ok("", Some("garbage")));
+    }
+
+    #[test]
+    fn with_a_token_only_the_exact_bearer_header_is_admitted() {
+        let want = "s3cret-token";
+        assert!(bearer_ok(want, Some("Bearer s3cret-token")));
+        for bad in [
+            None,
+            Some(""),
+            Some("s3cret-token"),
+            Some("bearer s3cret-token"),
+            Some("Bearer  s3cret-token"),
+            Some("Bearer s3cret-toke"),
+            Some("Bearer s3cret-token2"),
+            Some("Bearer S3CRET-TOKEN"),
+            Some("Basic s3cret-token"),
+        ] {
+            assert!(!bearer_ok(want, bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn constant_time_eq_is_equality() {
+        assert!(constant_time_eq(b"", b""));
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn each_action_counts_under_its_own_metric() {
+        let m = crate::metrics::Metrics::default();
+        for (a, n) in [
+            (MigrationAction::Fetch, 1),
+            (MigrationAction::Recompute, 2),
+            (MigrationAction::Split, 3),
+            (MigrationAction::AlreadyLocal, 4),
+        ] {
+            for _ in 0..n {
+                count_decision(&m, a);
+            }
+        }
+        let got = (
+            m.decisions_fetch.get(),
+            m.decisions_recompute.get(),
+            m.decisions_split.get(),
+            m.decisions_local.get(),
+        );
+        assert_eq!(got, (1, 2, 3, 4));
     }
 }

@@ -206,7 +206,9 @@ pub fn fallback_reserve_s(linear_s_per_token: f64, attention_s_per_pair: f64, to
 /// - **Deadline**: a fetch or split predicted to end after the deadline becomes a recompute
 ///   when the tokens allow one.
 ///
-/// A recompute without tokens is refused ([`PlanError::CannotRecompute`]).
+/// A recompute without tokens is refused ([`PlanError::CannotRecompute`]): when no source holds
+/// the prefix, and when the model's only answer is a recompute (an egress cap that forbids the
+/// fetch).
 pub fn plan_migration(
     h: &Holdings,
     measured: Option<&Measured>,
@@ -268,6 +270,9 @@ pub fn plan_migration(
         policy.mode = Mode::Fetch;
     }
     let d = decide(&scenario, &policy).map_err(PlanError::Model)?;
+    if !h.has_tokens && d.action == Action::Recompute {
+        return Err(PlanError::CannotRecompute { reason: PlanReason::Model(d.reason) });
+    }
     let plan = match d.action {
         Action::Fetch => MigrationPlan {
             action: MigrationAction::Fetch,

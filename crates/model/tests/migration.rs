@@ -105,6 +105,23 @@ fn without_tokens_the_mode_is_forced_to_fetch() {
 }
 
 #[test]
+fn without_tokens_an_egress_cap_that_forbids_the_fetch_is_refused() {
+    // Regression: a hashes-only request whose cap forbids the fetch used to plan a recompute of
+    // an empty token list.
+    let m = measured(1e10, 0.01);
+    let capped = Policy { max_wire_bytes: Some(1.0), ..auto(false) };
+    let e = plan_migration(&holdings(64, 0, 64, false), Some(&m), &capped, FOREVER).unwrap_err();
+    let PlanError::CannotRecompute { reason: PlanReason::Model(Reason::EgressCap { cap, .. }) } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(cap, 1.0);
+    assert!(e.to_string().contains("cannot be recomputed"), "{e}");
+    // With the tokens the same request recomputes.
+    let p = plan_migration(&holdings(64, 0, 64, true), Some(&m), &capped, FOREVER).unwrap();
+    assert_eq!((p.action, p.recompute_tokens), (MigrationAction::Recompute, 64 * 16));
+}
+
+#[test]
 fn a_split_is_offered_only_from_token_zero() {
     // Fetching a token takes about as long as recomputing it: half and half wins.
     let m = measured(kv().bytes_per_token() * 8.0 / 1e-4, 0.001);
@@ -216,6 +233,8 @@ fn check(h: &Holdings, policy: &Policy, remaining_s: f64, p: &MigrationPlan) -> 
             prop_assert!(p.model.is_some());
         }
         MigrationAction::Recompute => {
+            // A recompute needs the tokens.
+            prop_assert!(h.has_tokens, "{p:?}");
             prop_assert_eq!((p.fetch_from, p.fetch_end, p.recompute_tokens), (0, 0, total));
         }
         MigrationAction::Split => {
@@ -241,8 +260,11 @@ proptest! {
                                 remaining in prop_oneof![Just(FOREVER), 0.0..5.0f64]) {
         match plan_migration(&h, Some(&m), &policy, remaining) {
             Ok(p) => check(&h, &policy, remaining, &p)?,
-            Err(PlanError::CannotRecompute { .. }) => {
-                prop_assert!(!h.has_tokens && h.source_blocks <= h.local_blocks);
+            Err(PlanError::CannotRecompute { reason }) => {
+                prop_assert!(!h.has_tokens);
+                // Nothing to fetch, or the egress cap forbids the fetch.
+                let capped = matches!(reason, PlanReason::Model(Reason::EgressCap { .. }));
+                prop_assert!(h.source_blocks <= h.local_blocks || capped, "{reason:?}");
             }
             Err(e) => prop_assert!(false, "{e}"),
         }

@@ -276,8 +276,9 @@ fn spawn_relay(owner: std::net::SocketAddr, one_way: Duration) -> std::net::Sock
             std::thread::spawn(move || {
                 let mut buf = vec![0u8; 65536];
                 while let Ok((n, from)) = rx.recv_from(&mut buf) {
-                    if !to_client && let Ok(mut c) = c.lock() {
-                        *c = Some(from);
+                    if !to_client {
+                        // One assignment per critical section: a poisoned value is still whole.
+                        *c.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(from);
                     }
                     if q_tx.send((Instant::now() + one_way, buf[..n].to_vec())).is_err() {
                         return;

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use kvferry_wire::WireError;
+use kvferry_wire::{LocalError, WireError};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::io::ChunkBytes;
@@ -44,12 +44,7 @@ impl Budget {
 
     pub(crate) async fn lease(self: &Arc<Self>, bytes: u64) -> Result<Lease, WireError> {
         let kib = (bytes.div_ceil(1024) as u32).clamp(1, self.total_kib);
-        let permit = self
-            .sem
-            .clone()
-            .acquire_many_owned(kib)
-            .await
-            .map_err(|_| WireError::Local("staging closed".into()))?;
+        let permit = self.sem.clone().acquire_many_owned(kib).await.map_err(|_| LocalError::StagingClosed)?;
         let now = self.in_use_kib.fetch_add(u64::from(kib), Ordering::Relaxed) + u64::from(kib);
         self.high_water_kib.fetch_max(now, Ordering::Relaxed);
         Ok(Lease { _permit: permit, kib, budget: self.clone() })

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use kvferry_wire::frame::{self, Frame, PREFIX_LEN};
-use kvferry_wire::{ChunkSpec, WireError};
+use kvferry_wire::{Cause, ChunkSpec, LocalError, WireError};
 use quinn::{ReadExactError, RecvStream, SendStream};
 use tokio::sync::mpsc;
 
@@ -27,6 +27,13 @@ pub enum ChunkError {
     /// The blocks were withdrawn or reused while they were read: the transfer must end.
     #[error("{0}")]
     Withdrawn(String),
+}
+
+impl From<ChunkError> for WireError {
+    /// A chunk source's or sink's failure is this side's: kept typed as the local cause.
+    fn from(e: ChunkError) -> Self {
+        WireError::Local(LocalError::Memory(Cause::new(e)))
+    }
 }
 
 /// Where the owner reads a chunk's bytes (in the layout's staging order).

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvferry_wire::WireError;
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
+use kvferry_wire::{LocalError, WireError};
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, Endpoint, VarInt};
 
@@ -193,8 +193,8 @@ impl PeerNode {
             return Ok(c);
         }
         let tls = client_crypto(&self.cfg.identity, self.cfg.policy.roots.clone(), peer)
-            .map_err(|e| WireError::Local(e.to_string()))?;
-        let quic = QuicClientConfig::try_from(tls).map_err(|e| WireError::Local(e.to_string()))?;
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
+        let quic = QuicClientConfig::try_from(tls).map_err(|e| LocalError::Setup(e.to_string()))?;
         let mut client = quinn::ClientConfig::new(Arc::new(quic));
         client.transport_config(Arc::new(self.cfg.tuning.transport()));
         let connecting = self.endpoint.connect_with(client, addr, "kvferry-peer").map_err(conn_err)?;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use kvferry_wire::frame::{Cancel, Frame, Refusal};
-use kvferry_wire::{Owner, WireError, Work};
+use kvferry_wire::{LocalError, Owner, WireError, Work};
 use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Connection, Endpoint, EndpointConfig, RecvStream, SendStream, TokioRuntime, VarInt};
 use rustls::pki_types::CertificateDer;
@@ -27,14 +27,14 @@ use kvferry_pool::sync::LockExt;
 impl PeerNode {
     /// Binds the endpoint and starts serving.
     pub fn start(cfg: PeerConfig, catalog: Arc<dyn BlockCatalog>) -> Result<Arc<Self>, WireError> {
-        let tls = server_crypto(&cfg.identity, &cfg.policy).map_err(|e| WireError::Local(e.to_string()))?;
-        let quic = QuicServerConfig::try_from(tls).map_err(|e| WireError::Local(e.to_string()))?;
+        let tls = server_crypto(&cfg.identity, &cfg.policy).map_err(|e| LocalError::Setup(e.to_string()))?;
+        let quic = QuicServerConfig::try_from(tls).map_err(|e| LocalError::Setup(e.to_string()))?;
         let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
         server.transport_config(Arc::new(cfg.tuning.transport()));
         let (socket, _, _) = bind_udp(cfg.listen, cfg.tuning.socket_buffer_bytes)
-            .map_err(|e| WireError::Local(e.to_string()))?;
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
         let endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, Arc::new(TokioRuntime))
-            .map_err(|e| WireError::Local(e.to_string()))?;
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
         let node = Arc::new(Self {
             endpoint,
             serve_budget: Budget::new(cfg.staging_bytes),
@@ -174,7 +174,7 @@ async fn serve_transfer(
             if let Some(work) = owner.next_work() {
                 let spec = work.spec();
                 let lease = node.serve_budget.lease(spec.len).await?;
-                let bytes = served.source.read(spec).await.map_err(|e| WireError::Local(e.to_string()))?;
+                let bytes = served.source.read(spec).await?;
                 let header = owner.chunk_ready(work, (*bytes).as_ref())?;
                 if let (Some(h), Work::Send(_)) = (header, work) {
                     #[cfg(feature = "fault-injection")]

@@ -161,8 +161,8 @@ impl PeerNode {
                         match verdict? {
                             ChunkVerdict::Land(spec) => {
                                 if let Err(e) = sink.land(spec, &payload).await {
-                                    return Err(core.cancel(&format!("landing failed: {e}")))
-                                        .map_err(|_| WireError::Local(e.to_string()));
+                                    let _ = core.cancel(&format!("landing failed: {e}"));
+                                    return Err(e.into());
                                 }
                                 if stats.first_layer.is_none() && core.first_layer_verified() {
                                     stats.first_layer = Some(t0.elapsed());

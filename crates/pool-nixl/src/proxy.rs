@@ -231,7 +231,8 @@ struct StagingCache {
 
 impl std::fmt::Debug for StagingCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self.idle.lock().map_or(0, |i| i.len());
+        // A poisoned list is still a list of idle buffers (each push/pop is whole).
+        let n = self.idle.lock().unwrap_or_else(|p| p.into_inner()).len();
         f.debug_struct("StagingCache").field("idle", &n).finish()
     }
 }
@@ -424,9 +425,10 @@ impl NixlBackend {
 impl Drop for NixlBackend {
     fn drop(&mut self) {
         // Closing our end ends the helper (EOF); reap it off this thread, killing it if it lingers.
-        if let Ok(w) = self.conn.writer.lock() {
-            let _ = w.shutdown(std::net::Shutdown::Both);
-        }
+        // Poisoned or not, the socket must be shut so the helper sees EOF and exits.
+        let w = self.conn.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = w.shutdown(std::net::Shutdown::Both);
+        drop(w);
         let child = self.conn.child.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(mut child) = child {
             let _ = std::thread::Builder::new().name("nixl-helper-reap".into()).spawn(move || {

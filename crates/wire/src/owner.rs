@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 
 use crate::checksum::{chunk_checksum, transfer_digest};
-use crate::error::WireError;
+use crate::error::{LocalError, WireError};
 use crate::frame::{ChunkHeader, Done, FetchRequest, Manifest, Refusal, RefusalCode};
 use crate::plan::{ChunkPlan, ChunkSpec, MAX_CHUNK, MIN_CHUNK};
 use crate::state::{Event, Machine, State};
@@ -137,19 +137,19 @@ impl Owner {
     pub fn chunk_ready(&mut self, work: Work, payload: &[u8]) -> Result<Option<ChunkHeader>, WireError> {
         let spec = work.spec();
         if payload.len() as u64 != spec.len || self.plan.chunk(spec.id) != Some(spec) {
-            return Err(WireError::Local(format!(
-                "chunk {} read {} bytes, planned {}",
-                spec.id,
-                payload.len(),
-                spec.len
-            )));
+            return Err(LocalError::ChunkSize {
+                chunk: spec.id,
+                got: payload.len() as u64,
+                planned: spec.len,
+            }
+            .into());
         }
         let sum = chunk_checksum(self.transfer_id, spec.id, payload);
         match self.checksums[spec.id as usize] {
             Some(old) if old != sum => {
                 // The source changed under us: these blocks are no longer what we promised.
                 let _ = self.machine.apply(Event::Fail);
-                return Err(WireError::Local(format!("chunk {} changed while being served", spec.id)));
+                return Err(LocalError::SourceChanged { chunk: spec.id }.into());
             }
             _ => self.checksums[spec.id as usize] = Some(sum),
         }
