@@ -16,5 +16,8 @@ pub use check::check;
 pub use markdown::markdown;
 pub use plots::{PlotError, decision_map, fetch_time_plot, goodput_plot, write_all};
 pub use report::*;
-pub use stats::{ALL_PROFILES, Outcome, Winner, outcome, summaries, summarize};
+pub use stats::{
+    ALL_PROFILES, ErrorBucket, Outcome, SAMPLE_BUCKETS, Winner, error_by_samples, outcome, summaries,
+    summarize,
+};
 pub use targets::target_notes;

@@ -192,6 +192,22 @@ fn decisions(r: &BenchReport, s: &mut String) {
     if summary.is_empty() {
         return;
     }
+    let buckets = crate::stats::error_by_samples(&r.decisions);
+    if !buckets.is_empty() {
+        let _ = writeln!(s, "### Prediction error against calibration samples\n");
+        let _ = writeln!(s, "| action | samples | n | median abs(measured / predicted - 1) % |");
+        let _ = writeln!(s, "|---|---|---:|---:|");
+        for b in &buckets {
+            let range = match (b.samples_lo, b.samples_hi) {
+                (lo, hi) if lo == hi => lo.to_string(),
+                (lo, u32::MAX) => format!("{lo}+"),
+                (lo, hi) => format!("{lo}-{hi}"),
+            };
+            let _ =
+                writeln!(s, "| {} | {range} | {} | {} |", b.action, b.n, f(b.median_abs_error * 100.0, 1));
+        }
+        let _ = writeln!(s);
+    }
     let _ = writeln!(s, "### Decision quality\n");
     let _ = writeln!(s, "| profile | n | accuracy % | mean regret % | worst regret % |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|");

@@ -75,6 +75,12 @@ pub struct DecisionPoint {
     pub measured_recompute_s: f64,
     /// The model's crossover on this link, tokens (None: fetch never pays).
     pub modeled_crossover_tokens: Option<f64>,
+    /// Executed migrations the daemon's fetch and recompute calibrations had learnt from when
+    /// it predicted (0 in reports from before calibration).
+    #[serde(default)]
+    pub fetch_samples: u32,
+    #[serde(default)]
+    pub recompute_samples: u32,
 }
 
 /// The split measured against both pure actions at one prefix length.

@@ -91,6 +91,8 @@ fn decision(link: &LinkSpec, tokens: u64, noise_fetch: f64, noise_recompute: f64
         measured_fetch_s: pf * noise_fetch,
         measured_recompute_s: pr * noise_recompute,
         modeled_crossover_tokens: crossover(link),
+        fetch_samples: 0,
+        recompute_samples: 0,
     }
 }
 

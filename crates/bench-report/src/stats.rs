@@ -114,6 +114,51 @@ pub fn summarize(profile: &str, points: &[&DecisionPoint]) -> DecisionSummary {
     }
 }
 
+/// Median |measured ÷ predicted − 1| of one action over decision points whose calibration had
+/// `samples_lo..=samples_hi` samples when it predicted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ErrorBucket {
+    pub action: &'static str,
+    pub samples_lo: u32,
+    pub samples_hi: u32,
+    pub n: usize,
+    pub median_abs_error: f64,
+}
+
+/// Sample-count buckets of [`error_by_samples`].
+pub const SAMPLE_BUCKETS: [(u32, u32); 4] = [(0, 0), (1, 2), (3, 9), (10, u32::MAX)];
+
+/// Prediction error against the number of calibration samples, per action and bucket of
+/// [`SAMPLE_BUCKETS`] (empty buckets left out): the error should fall as samples accumulate.
+/// Points with a non-finite or non-positive prediction or measurement are skipped.
+pub fn error_by_samples(points: &[DecisionPoint]) -> Vec<ErrorBucket> {
+    let mut out = Vec::new();
+    for action in ["fetch", "recompute"] {
+        for (lo, hi) in SAMPLE_BUCKETS {
+            let mut errs: Vec<f64> = points
+                .iter()
+                .filter_map(|p| {
+                    let (pred, meas, n) = if action == "fetch" {
+                        (p.predicted_fetch_s, p.measured_fetch_s, p.fetch_samples)
+                    } else {
+                        (p.predicted_recompute_s, p.measured_recompute_s, p.recompute_samples)
+                    };
+                    let ok = pred.is_finite() && meas.is_finite() && pred > 0.0 && meas > 0.0;
+                    (ok && (lo..=hi).contains(&n)).then(|| (meas / pred - 1.0).abs())
+                })
+                .collect();
+            if errs.is_empty() {
+                continue;
+            }
+            errs.sort_by(f64::total_cmp);
+            let m = errs.len();
+            let median = if m % 2 == 1 { errs[m / 2] } else { (errs[m / 2 - 1] + errs[m / 2]) / 2.0 };
+            out.push(ErrorBucket { action, samples_lo: lo, samples_hi: hi, n: m, median_abs_error: median });
+        }
+    }
+    out
+}
+
 /// One summary per link profile, in the order profiles first appear in `points`, then one over
 /// every point with profile [`ALL_PROFILES`] (always present, `n = 0` for no points).
 pub fn summaries(points: &[DecisionPoint]) -> Vec<DecisionSummary> {
@@ -151,7 +196,33 @@ mod tests {
             measured_fetch_s: f,
             measured_recompute_s: r,
             modeled_crossover_tokens: Some(2000.0),
+            fetch_samples: 0,
+            recompute_samples: 0,
         }
+    }
+
+    #[test]
+    fn errors_are_bucketed_by_samples() {
+        let mut pts = Vec::new();
+        for (k, err) in [(0u32, 1.0), (0, 3.0), (5, 0.2), (12, 0.05), (12, 0.07), (12, 0.09)] {
+            let mut p = point("a", "fetch", 1.0, 1.0);
+            (p.fetch_samples, p.recompute_samples) = (k, k);
+            p.measured_fetch_s = 1.0 + err;
+            p.measured_recompute_s = 1.0 - err / 10.0;
+            pts.push(p);
+        }
+        let mut bad = point("a", "fetch", f64::NAN, 0.0);
+        bad.fetch_samples = 1;
+        pts.push(bad);
+        let b = error_by_samples(&pts);
+        let fetch: Vec<_> = b.iter().filter(|x| x.action == "fetch").map(|x| (x.samples_lo, x.n)).collect();
+        assert_eq!(fetch, vec![(0, 2), (3, 1), (10, 3)], "the NaN point is skipped, (1, 2) is empty");
+        let f0 = b.iter().find(|x| x.action == "fetch" && x.samples_lo == 0).unwrap();
+        assert!((f0.median_abs_error - 2.0).abs() < 1e-12);
+        let f10 = b.iter().find(|x| x.action == "fetch" && x.samples_lo == 10).unwrap();
+        assert!((f10.median_abs_error - 0.07).abs() < 1e-12);
+        assert!(b.iter().filter(|x| x.action == "recompute").all(|x| x.median_abs_error < 0.31));
+        assert!(error_by_samples(&[]).is_empty());
     }
 
     #[test]

@@ -575,6 +575,8 @@ async fn decisions(
             measured_fetch_s: fetched.receipt.wall_s,
             measured_recompute_s: recomputed.receipt.wall_s,
             modeled_crossover_tokens: d.crossover_tokens,
+            fetch_samples: session::samples(&d, "fetch"),
+            recompute_samples: session::samples(&d, "recompute"),
         };
         let split =
             session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, true).await?;

@@ -124,3 +124,8 @@ pub async fn migrate(
 pub fn predicted(d: &Decision, action: &str) -> Option<f64> {
     d.candidates.iter().find(|c| c.action == action).map(|c| c.seconds)
 }
+
+/// Calibration samples behind the decision's prediction of `action` (0 when none).
+pub fn samples(d: &Decision, action: &str) -> u32 {
+    d.candidates.iter().find(|c| c.action == action).map_or(0, |c| c.calibration_samples)
+}

@@ -266,6 +266,8 @@ pub async fn decisions(
                 measured_fetch_s: fetched.receipt.wall_s,
                 measured_recompute_s: recomputed.receipt.wall_s,
                 modeled_crossover_tokens: d.crossover_tokens,
+                fetch_samples: session::samples(&d, "fetch"),
+                recompute_samples: session::samples(&d, "recompute"),
             };
             println!(
                 "    {n:>5} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; next turn cached {cached_fetch} (plan {:.0} ms)",
