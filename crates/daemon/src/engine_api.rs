@@ -572,24 +572,81 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
 
 /// Accepts shm pools on `pool.sock`: each connection carries one offer (fd + layout + model
 /// id); the reply is one line, the token, or `error: ...`.
+///
+/// Each connection is handled on its own thread, bounded in time (the whole offer must arrive
+/// within `limits.pool_offer_timeout_ms`; the reply's write is bounded the same way) and in
+/// number (at most `limits.max_pending_pool_offers` connections in hand at once; one beyond
+/// that is answered `error: ...` and closed): a silent client delays no other engine.
 pub fn serve_pool_socket(listener: std::os::unix::net::UnixListener, shared: Arc<Shared>) {
     use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let timeout = std::time::Duration::from_millis(shared.config.limits.pool_offer_timeout_ms);
+    let max_in_hand = shared.config.limits.max_pending_pool_offers as usize;
+    let in_hand = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
-        let reply = match kvferry_pool_shm::accept_pool(&stream) {
-            Ok((offer, backend)) => {
-                let token = format!("{:032x}", rand::random::<u128>());
-                let layout = offer.layout.clone();
-                shared.registry.add_pending_pool(
-                    token.clone(),
-                    offer.model_id.clone(),
-                    layout,
-                    Arc::new(backend),
-                );
-                token
+        if stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .is_err()
+        {
+            continue;
+        }
+        if in_hand.fetch_add(1, Ordering::AcqRel) >= max_in_hand {
+            in_hand.fetch_sub(1, Ordering::AcqRel);
+            let _ = writeln!(stream, "error: {max_in_hand} pool offers are already in progress; retry");
+            continue;
+        }
+        let (shared, in_hand) = (shared.clone(), in_hand.clone());
+        let spawned = std::thread::Builder::new().name("kvferry-pool-offer".into()).spawn(move || {
+            let reply = offer(&stream, &shared);
+            let _ = writeln!(stream, "{reply}");
+            in_hand.fetch_sub(1, Ordering::AcqRel);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a pool offer thread; offer dropped");
+        }
+    }
+}
+
+/// One `pool.sock` offer: the token line, or `error: ...`.
+fn offer(stream: &std::os::unix::net::UnixStream, shared: &Shared) -> String {
+    match kvferry_pool_shm::accept_pool(stream) {
+        Ok((offer, backend)) => {
+            let token = format!("{:032x}", rand::random::<u128>());
+            let added = shared.registry.add_pending_pool(
+                token.clone(),
+                offer.model_id.clone(),
+                offer.layout.clone(),
+                Arc::new(backend),
+                shared.config.limits.max_pending_pool_offers as usize,
+            );
+            match added {
+                Ok(()) => token,
+                Err(held) => format!(
+                    "error: {held} shm pool offers are waiting for RegisterPool (limits.max_pending_pool_offers); \
+                     register or close them first"
+                ),
             }
-            Err(e) => format!("error: {e}"),
-        };
-        let _ = writeln!(stream, "{reply}");
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Drops the shm pool offers older than `limits.pool_offer_ttl_ms` that no `RegisterPool`
+/// claimed (closing their fds and unmapping them), every tenth of the TTL. Runs until aborted.
+pub async fn expire_pool_offers(shared: Arc<Shared>) {
+    let ttl = std::time::Duration::from_millis(shared.config.limits.pool_offer_ttl_ms);
+    let mut tick = tokio::time::interval((ttl / 10).max(std::time::Duration::from_millis(10)));
+    loop {
+        tick.tick().await;
+        let gone = shared.registry.expire_pending_pools(ttl);
+        if gone > 0 {
+            tracing::warn!(
+                offers = gone,
+                ttl_ms = ttl.as_millis() as u64,
+                "shm pool offers never claimed by RegisterPool expired (fds closed, mappings unmapped)"
+            );
+        }
     }
 }

@@ -263,6 +263,7 @@ impl Daemon {
                 .name("kvferry-pool-sock".into())
                 .spawn(move || engine_api::serve_pool_socket(pool_listener, shared))?
         };
+        tasks.push(tokio::spawn(engine_api::expire_pool_offers(shared.clone())).abort_handle());
         let engine_svc = EngineServer::new(engine_api::EngineService { shared: shared.clone() });
         tasks.push(
             tokio::spawn(

@@ -1,0 +1,102 @@
+//! Regression tests for the attacks of issue 15, each against real daemons (started in this
+//! process, on loopback and Unix sockets in a temp dir) with real clients: raw sockets, raw
+//! HTTP/2 (a zero flow-control window), tonic, the reference engine's pool sharing. Each test
+//! names the row it closes.
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use kvferry_daemon::Config;
+use kvferry_daemon::config::Peer;
+use kvferry_engine_node::daemon::{EventSink, Registration, register, share_pool};
+use kvferry_engine_sdk::ShmPool;
+use kvferry_proto::v1::engine_event::Event;
+use kvferry_proto::v1::migration_client::MigrationClient;
+use kvferry_proto::v1::{
+    BlockStored, EngineEvent, GetLinksRequest, LookupRequest, MigrateSessionRequest, PolicyMode,
+    PoolLayoutSpec, PublishRequest, ShmAccess, register_pool_request,
+};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+
+mod common;
+
+use common::abuse::*;
+
+/// The tests count this process's fds and memfd mappings: one test at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Row "idle client on pool.sock": one silent client must not block other offers, and is
+/// itself closed after `limits.pool_offer_timeout_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_socket_client_blocks_no_other_offer() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    cfg.limits.pool_offer_timeout_ms = 1_000;
+    let _d = common::start(&cfg).await;
+    let mut idle = StdUnixStream::connect(cfg.pool_socket()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let t0 = Instant::now();
+    let (_pool, _stream, _lease) = register_shm(&cfg, "e0", common::spec()).await;
+    assert!(
+        t0.elapsed() < Duration::from_secs(3),
+        "an offer waited {:?} behind a silent client",
+        t0.elapsed()
+    );
+    idle.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t1 = Instant::now();
+    let mut reply = String::new();
+    let _ = idle.read_to_string(&mut reply);
+    assert!(t1.elapsed() < Duration::from_secs(5), "the silent client was held {:?}", t1.elapsed());
+    assert!(reply.starts_with("error:"), "the silent client is told why: {reply:?}");
+}
+
+/// Row "shm offers never claimed": offers expire after `limits.pool_offer_ttl_ms` (fds closed,
+/// mappings unmapped), and at most `limits.max_pending_pool_offers` wait at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    (cfg.limits.pool_offer_ttl_ms, cfg.limits.max_pending_pool_offers) = (1_000, 8);
+    let d = common::start(&cfg).await;
+    let (fds0, maps0) = (fds(), memfd_maps());
+    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
+    let mut tokens = Vec::new();
+    for i in 0..9 {
+        // The engine side shares its pool and goes away: only the daemon's copy stays.
+        let pool = ShmPool::create(layout.clone()).unwrap();
+        let r = tokio::task::block_in_place(|| share_pool(&cfg.run_dir, &pool, "m", Duration::from_secs(5)));
+        match r {
+            Ok((token, _stream)) => tokens.push(token),
+            Err(e) => {
+                assert_eq!(i, 8, "offer {i} refused: {e}");
+                assert!(e.to_string().contains("waiting for RegisterPool"), "{e}");
+            }
+        }
+    }
+    assert_eq!(tokens.len(), 8, "the ninth offer is refused");
+    assert_eq!(d.shared.registry.pending_pools(), 8);
+    assert!(fds() >= fds0 + 8 && memfd_maps() >= maps0 + 8, "the daemon holds the offers");
+    let t0 = Instant::now();
+    while d.shared.registry.pending_pools() > 0 {
+        assert!(t0.elapsed() < Duration::from_secs(5), "offers never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(500), "offers expired early: {:?}", t0.elapsed());
+    assert_eq!((fds(), memfd_maps()), (fds0, maps0), "every fd closed and mapping unmapped");
+    let mut client = common::engine_client(&cfg).await;
+    let reg = Registration {
+        engine_id: "late".into(),
+        model_id: "m".into(),
+        layout: common::spec(),
+        access: register_pool_request::Access::Shm(ShmAccess { pool_token: tokens[0].clone() }),
+        profile: Some(common::profile()),
+    };
+    assert_eq!(register(&mut client, &reg).await.unwrap_err().code(), tonic::Code::NotFound);
+}
+
