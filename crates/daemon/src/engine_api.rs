@@ -357,7 +357,16 @@ impl Engine for EngineService {
         let engine = self.engine(&first.lease_id)?;
         let (tx, rx) = mpsc::channel(64);
         {
+            // One live Attach stream per lease: a second one is refused and the first left
+            // untouched (replacing it would drop the first engine's command stream).
             let mut c = engine.commands.locked();
+            if c.as_ref().is_some_and(|s| !s.is_closed()) {
+                return Err(DaemonError::Precondition(format!(
+                    "lease {:?} already has a live Attach stream; a second one is refused",
+                    first.lease_id
+                ))
+                .into());
+            }
             *c = Some(tx);
         }
         let shared = self.shared.clone();
@@ -371,7 +380,15 @@ impl Engine for EngineService {
                         _ => break,
                     },
                 };
-                apply_event(&engine, ev);
+                if let Err(e) = apply_event(&engine, ev) {
+                    // The stream's only way to refuse an event is to end with its status.
+                    tracing::warn!(engine = ?engine.engine_id, error = %e, "Attach: engine event refused; ending the stream");
+                    let tx = engine.commands.locked().clone();
+                    if let Some(tx) = tx {
+                        let _ = tx.try_send(Err(e.into()));
+                    }
+                    break;
+                }
             }
             // The stream ended: the engine is gone, and so is its lease.
             tracing::info!(engine = %engine.engine_id, "engine detached; releasing its lease");
@@ -482,22 +499,7 @@ impl Engine for EngineService {
             r.removed_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
         let mut stored = Vec::new();
         for s in &r.stored {
-            if s.block_hashes.len() != s.block_ids.len() {
-                return Err(DaemonError::Invalid(
-                    "stored: block_hashes and block_ids differ in length".into(),
-                )
-                .into());
-            }
-            for (h, &id) in s.block_hashes.iter().zip(&s.block_ids) {
-                if id >= engine.layout.num_blocks() {
-                    return Err(DaemonError::Invalid(format!(
-                        "stored: block id {id} is past the pool's {} blocks",
-                        engine.layout.num_blocks()
-                    ))
-                    .into());
-                }
-                stored.push((hash_of(h)?, id, s.tenant.as_str()));
-            }
+            stored.extend(checked_stored(&engine, s)?);
         }
         let mut out = PublishResponse::default();
         let mut ix = engine.blocks.locked();
@@ -528,22 +530,54 @@ impl Engine for EngineService {
     }
 }
 
-fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
+/// Checks one published batch of stored blocks (Attach's `BlockStored`, Publish's `stored`)
+/// against the engine's pool: as many ids as hashes, every hash 32 bytes, every block id inside
+/// the pool, the tenant bounded. Nothing of a batch that fails is indexed.
+fn checked_stored<'a>(
+    engine: &EngineEntry,
+    s: &'a kvferry_proto::v1::BlockStored,
+) -> Result<Vec<(BlockHash, u32, &'a str)>, DaemonError> {
+    if s.block_hashes.len() != s.block_ids.len() {
+        return Err(DaemonError::Invalid("stored: block_hashes and block_ids differ in length".into()));
+    }
+    if s.tenant.len() > crate::plan::MAX_ID_BYTES {
+        return Err(DaemonError::Invalid(format!(
+            "stored: tenant is {} bytes, more than {}",
+            s.tenant.len(),
+            crate::plan::MAX_ID_BYTES
+        )));
+    }
+    let n = engine.layout.num_blocks();
+    s.block_hashes
+        .iter()
+        .zip(&s.block_ids)
+        .map(|(h, &id)| {
+            if id >= n {
+                return Err(DaemonError::Invalid(format!(
+                    "stored: block id {id} is past the pool's {n} blocks"
+                )));
+            }
+            Ok((hash_of(h)?, id, s.tenant.as_str()))
+        })
+        .collect()
+}
+
+/// Applies one Attach event; an event that does not validate changes nothing and is refused.
+fn apply_event(engine: &EngineEntry, ev: EngineEvent) -> Result<(), DaemonError> {
     match ev.event {
         Some(engine_event::Event::Stored(s)) => {
+            let stored = checked_stored(engine, &s)?;
             let mut b = engine.blocks.locked();
-            for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
-                if let Ok(h) = hash_of(h) {
-                    b.store(h, *id, &s.tenant, 0);
-                }
+            for (h, id, tenant) in stored {
+                b.store(h, id, tenant, 0);
             }
         }
         Some(engine_event::Event::Removed(r)) => {
+            let hashes: Vec<BlockHash> =
+                r.block_hashes.iter().map(|h| hash_of(h)).collect::<Result<_, _>>()?;
             let mut b = engine.blocks.locked();
-            for h in &r.block_hashes {
-                if let Ok(h) = hash_of(h) {
-                    b.remove_hash(&h);
-                }
+            for h in &hashes {
+                b.remove_hash(h);
             }
         }
         Some(engine_event::Event::Load(l)) => {
@@ -568,6 +602,7 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
         }
         None => {}
     }
+    Ok(())
 }
 
 /// Accepts shm pools on `pool.sock`: each connection carries one offer (fd + layout + model

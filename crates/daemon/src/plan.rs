@@ -21,6 +21,10 @@ use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
 
+/// Longest `session_id` and `tenant` a request may carry, bytes (both are logged, escaped, with
+/// every migration; a longer one is refused with INVALID_ARGUMENT).
+pub const MAX_ID_BYTES: usize = 256;
+
 /// A validated request with everything the decision and the executor need.
 pub struct Prepared {
     pub session_id: String,

@@ -100,3 +100,82 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     assert_eq!(register(&mut client, &reg).await.unwrap_err().code(), tonic::Code::NotFound);
 }
 
+/// Row "second Attach on a live lease": refused with FAILED_PRECONDITION; the engine holding
+/// the lease keeps its stream and its commands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_attach_on_a_live_lease_is_refused_and_the_first_untouched() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
+    let (_events, first) = answering_engine(&cfg, &lease).await;
+    let mut client = common::engine_client(&cfg).await;
+    let (intruder, rx) = EventSink::new(lease.clone());
+    intruder.load(0, 0.0, None);
+    let e = client.attach(UnboundedReceiverStream::new(rx)).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("already has a live Attach stream"), "{e}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!first.is_finished(), "the first engine's command stream must stay open");
+    assert!(d.shared.registry.by_lease(&lease).is_some_and(|e| e.attached()));
+    // The first engine still gets (and answers) commands.
+    let mut r = router(d.grpc_addr).await;
+    let rc =
+        receipt(&mut r, request("s-attach", kvferry_engine_node::prompt(64, 512, 1), PolicyMode::Recompute))
+            .await
+            .unwrap();
+    assert_eq!(rc.tokens_ready, 64);
+}
+
+/// Row "out-of-range block ids in BlockStored": refused at ingest with INVALID_ARGUMENT, on
+/// Publish and on the Attach stream; nothing of a refused batch is indexed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_block_ids_are_refused_at_ingest() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
+    let (_events, _task) = answering_engine(&cfg, &lease).await;
+    let tokens = kvferry_engine_node::prompt(32, 512, 2);
+    let hashes = kvferry_daemon::engine_api::hashes_for(TENANT, &tokens, 16);
+    let mut client = common::engine_client(&cfg).await;
+    // Block id 8 of an 8-block pool, beside a valid one: the whole batch is refused.
+    let bad = BlockStored {
+        tenant: TENANT.into(),
+        block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+        block_ids: vec![1, 8],
+    };
+    let e = client
+        .publish(PublishRequest { lease_id: lease.clone(), stored: vec![bad.clone()], ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("block id 8 is past the pool's 8 blocks"), "{e}");
+    let engine = d.shared.registry.by_lease(&lease).unwrap();
+    assert!(engine.blocks.lock().unwrap().is_empty(), "nothing of the refused batch is indexed");
+    let l = client
+        .lookup(LookupRequest { lease_id: lease.clone(), tenant: TENANT.into(), token_ids: tokens.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(l.ready_tokens, 0);
+
+    // The same batch on an Attach stream (a second engine): refused, the stream ends with
+    // INVALID_ARGUMENT, nothing is indexed.
+    let (_pool2, _stream2, lease2) = register_shm(&cfg, "e1", common::spec()).await;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tx.send(EngineEvent { lease_id: lease2.clone(), event: Some(Event::Stored(bad)) }).unwrap();
+    let engine2 = d.shared.registry.by_lease(&lease2).unwrap();
+    let mut commands = client.attach(UnboundedReceiverStream::new(rx)).await.unwrap().into_inner();
+    let ended = tokio::time::timeout(Duration::from_secs(5), commands.message())
+        .await
+        .expect("the stream never ended");
+    let e = ended.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
+    assert!(engine2.blocks.lock().unwrap().is_empty());
+    assert!(d.shared.registry.by_lease(&lease2).is_none(), "the lease ended with its stream");
+    drop(tx);
+}
+
