@@ -128,6 +128,45 @@ async fn a_second_attach_on_a_live_lease_is_refused_and_the_first_untouched() {
     assert_eq!(rc.tokens_ready, 64);
 }
 
+/// Row "lease without Attach": a registration never attached expires after its announced
+/// `lease_ttl_ms` (never 0), releasing its pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_never_attached_expires_as_announced() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    cfg.limits.attach_grace_ms = 500;
+    assert!(Config::parse("[limits]\nattach_grace_ms = 0").is_err(), "0 must not mean forever");
+    let d = common::start(&cfg).await;
+    let maps0 = memfd_maps();
+    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
+    let pool = ShmPool::create(layout).unwrap();
+    let (token, stream) =
+        tokio::task::block_in_place(|| share_pool(&cfg.run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
+    let mut client = common::engine_client(&cfg).await;
+    let reg = Registration {
+        engine_id: "e0".into(),
+        model_id: "m".into(),
+        layout: common::spec(),
+        access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
+        profile: Some(common::profile()),
+    };
+    let resp = register(&mut client, &reg).await.unwrap();
+    assert_eq!(resp.lease_ttl_ms, 500);
+    drop((pool, stream));
+    let t0 = Instant::now();
+    while d.shared.registry.by_lease(&resp.lease_id).is_some() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "the unattached lease never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let e = client
+        .lookup(LookupRequest { lease_id: resp.lease_id, tenant: TENANT.into(), token_ids: vec![1; 16] })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert_eq!(memfd_maps(), maps0, "the expired lease's pool is unmapped");
+}
+
 /// Row "out-of-range block ids in BlockStored": refused at ingest with INVALID_ARGUMENT, on
 /// Publish and on the Attach stream; nothing of a refused batch is indexed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
