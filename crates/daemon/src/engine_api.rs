@@ -321,7 +321,7 @@ impl Engine for EngineService {
             registered_at: Instant::now(),
         });
         self.shared.registry.insert(entry.clone());
-        tracing::info!(engine = %r.engine_id, model = %r.model_id, lease = %lease_id, "engine pool registered");
+        tracing::info!(engine = ?r.engine_id, model = ?r.model_id, lease = %lease_id, "engine pool registered");
         // A lease lives as long as its Attach stream; one never attached expires.
         let grace = self.shared.config.limits.attach_grace_ms;
         let shared = self.shared.clone();
@@ -332,7 +332,7 @@ impl Engine for EngineService {
             let Some(entry) = weak.upgrade() else { return };
             let attached = entry.commands.locked().is_some();
             if !attached && shared.registry.remove(&entry.lease_id).is_some() {
-                tracing::warn!(engine = %entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
+                tracing::warn!(engine = ?entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
                     "no Attach within the grace period: lease released");
             }
         });
@@ -391,7 +391,7 @@ impl Engine for EngineService {
                 }
             }
             // The stream ended: the engine is gone, and so is its lease.
-            tracing::info!(engine = %engine.engine_id, "engine detached; releasing its lease");
+            tracing::info!(engine = ?engine.engine_id, "engine detached; releasing its lease");
             shared.registry.remove(&engine.lease_id);
             engine.commands.locked().take();
             {
@@ -432,7 +432,7 @@ impl Engine for EngineService {
         let engine = self.engine(&r.lease_id)?;
         #[cfg(feature = "fault-injection")]
         if self.shared.config.faults.fail_loads.contains(&r.tenant) {
-            tracing::warn!(tenant = %r.tenant, "fault injection: failing a Load");
+            tracing::warn!(tenant = ?r.tenant, "fault injection: failing a Load");
             return Err(Status::unavailable("fault injection: Load failed on purpose"));
         }
         if r.block_hashes.len() != r.block_ids.len() {

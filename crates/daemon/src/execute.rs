@@ -115,7 +115,7 @@ async fn fallback(
     if p.tokens.len() < total {
         return Err(e);
     }
-    tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
+    tracing::warn!(session = ?p.session_id, error = %e, "fetch failed; recomputing instead");
     let n = recompute(p, total).await?;
     set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");

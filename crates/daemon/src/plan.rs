@@ -108,11 +108,17 @@ pub async fn prepare(
     transport_timeout: Option<Duration>,
 ) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
-    if r.session_id.is_empty() {
-        return Err(DaemonError::Invalid("session_id is required".into()));
+    if r.session_id.is_empty() || r.session_id.len() > MAX_ID_BYTES {
+        return Err(DaemonError::Invalid(format!(
+            "session_id must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            r.session_id.len()
+        )));
     }
-    if r.tenant.is_empty() || r.tenant.len() > 256 {
-        return Err(DaemonError::Invalid("tenant must be 1 to 256 bytes".into()));
+    if r.tenant.is_empty() || r.tenant.len() > MAX_ID_BYTES {
+        return Err(DaemonError::Invalid(format!(
+            "tenant must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            r.tenant.len()
+        )));
     }
     let max = shared.config.limits.max_tokens;
     if r.token_ids.is_empty() && r.block_hashes.is_empty() {

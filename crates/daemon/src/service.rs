@@ -75,7 +75,7 @@ impl Migration for MigrationService {
         let prepared = prepare(&self.shared, &r, timeout).await?;
         let planned = decide(&prepared)?;
         count(&self.shared, planned.action);
-        let span = tracing::info_span!("migration", session = %r.session_id, tenant = %r.tenant, action = planned.action.as_str(),
+        let span = tracing::info_span!("migration", session = ?r.session_id, tenant = ?r.tenant, action = planned.action.as_str(),
             source = prepared.source.as_ref().map(|s| s.0.as_str()).unwrap_or(""), target = %self.shared.config.region);
         let (tx, rx) = mpsc::channel(16);
         let decision = to_proto(&prepared, &planned);

@@ -218,3 +218,68 @@ async fn out_of_range_block_ids_are_refused_at_ingest() {
     drop(tx);
 }
 
+/// Captured log output of this test binary (one global subscriber, installed once).
+fn captured_log() -> Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        #[derive(Clone)]
+        struct W(Arc<Mutex<Vec<u8>>>);
+        impl Write for W {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let w = W(buf.clone());
+        let sub = tracing_subscriber::fmt().with_ansi(false).with_writer(move || w.clone()).finish();
+        tracing::subscriber::set_global_default(sub).unwrap();
+        buf
+    })
+    .clone()
+}
+
+/// Row "session id size and content": ids longer than 256 bytes are refused with
+/// INVALID_ARGUMENT; newlines and escape sequences in ids and tenants reach the log escaped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_ids_are_bounded_and_logged_escaped() {
+    let _serial = SERIAL.lock().await;
+    let log = captured_log();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
+    let (_events, _task) = answering_engine(&cfg, &lease).await;
+    let mut r = router(d.grpc_addr).await;
+    let tokens = kvferry_engine_node::prompt(32, 512, 3);
+    for (len, refused) in [(3 << 20, true), (257, true), (256, false)] {
+        let req = request(&"s".repeat(len), tokens.clone(), PolicyMode::Recompute);
+        let res = r.plan_migration(req).await;
+        assert_eq!(
+            res.as_ref().err().map(|e| e.code()) == Some(tonic::Code::InvalidArgument),
+            refused,
+            "{len}: {res:?}"
+        );
+    }
+    let forged = "s1\nERROR kvferry_daemon: forged line";
+    let mut req = request(forged, tokens, PolicyMode::Recompute);
+    req.tenant = "t\u{1b}[31mred\u{1b}[0m".into();
+    let rc = receipt(&mut r, req).await.unwrap();
+    assert_eq!(rc.tokens_ready, 32);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(text.contains("migration done"), "the migration was logged:\n{text}");
+    assert!(
+        text.contains(r#"s1\nERROR kvferry_daemon: forged line"#),
+        "the session id is logged escaped:\n{text}"
+    );
+    assert!(
+        !text.lines().any(|l| l.starts_with("ERROR kvferry_daemon: forged")),
+        "a forged log line:\n{text}"
+    );
+    assert!(!text.contains('\u{1b}'), "a raw escape sequence reached the log");
+}
+
