@@ -197,8 +197,11 @@ async fn fetch(
                         elapsed_s: t0.elapsed().as_secs_f64(),
                     })),
                 };
-                if events.send(Ok(ev)).await.is_err() {
-                    return;
+                // Progress is advisory: when the router is not reading, events are dropped
+                // rather than queued (the decision and the receipt are never dropped).
+                match events.try_send(Ok(ev)) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
         })

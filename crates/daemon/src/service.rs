@@ -83,9 +83,12 @@ impl Migration for MigrationService {
         let shared = self.shared.clone();
         tokio::spawn(tracing::Instrument::instrument(
             async move {
-                let _permit = permit;
                 let t0 = Instant::now();
+                // The slot is held by the work, not by the stream: it is free again as soon as
+                // the work ends, however slowly the router reads (a stream that stops taking
+                // its events is closed by the connection's bounds, `limits.stream_stall_ms`).
                 let res = crate::execute::execute(&shared, &prepared, &planned, &tx).await;
+                drop(permit);
                 match res {
                     Ok(receipt) => {
                         tracing::info!(wall_s = receipt.wall_s, action = %receipt.action, bytes = receipt.bytes_moved, "migration done");

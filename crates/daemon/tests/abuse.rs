@@ -283,3 +283,312 @@ async fn session_ids_are_bounded_and_logged_escaped() {
     assert!(!text.contains('\u{1b}'), "a raw escape sequence reached the log");
 }
 
+/// Row "oversized request": a message over the decoding limit is answered RESOURCE_EXHAUSTED,
+/// as the proto documents (unary and server streaming).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_request_is_resource_exhausted() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let mut r = router(d.grpc_addr).await;
+    // 1.2 M tokens of 4 varint bytes each: ~4.8 MB, over tonic's 4 MiB decoding limit.
+    let req = request("big", vec![1 << 21; 1_200_000], PolicyMode::Recompute);
+    let e = r.plan_migration(req.clone()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    let e = r.migrate_session(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e}");
+    // And the daemon still answers.
+    r.get_links(GetLinksRequest {}).await.unwrap();
+}
+
+/// Opens `n` TCP connections to `addr` that send nothing.
+fn idle_tcp(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
+    (0..n).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect()
+}
+
+/// Waits until every stream in `conns` reads EOF or an error (the daemon closed it).
+fn all_closed_by_peer(conns: &mut [std::net::TcpStream], within: Duration) -> bool {
+    let t0 = Instant::now();
+    conns.iter_mut().all(|c| {
+        let left = within.saturating_sub(t0.elapsed()).max(Duration::from_millis(10));
+        c.set_read_timeout(Some(left)).unwrap();
+        let mut b = [0u8; 256];
+        loop {
+            match c.read(&mut b) {
+                Ok(0) => return true,
+                Ok(_) => continue, // HTTP/2 settings the server sent first
+                Err(e) => {
+                    return !matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    );
+                }
+            }
+        }
+    })
+}
+
+/// Row "idle TCP on the router port" (plaintext, and the Engine API socket): with N idle
+/// connections held (N over the cap), legitimate calls keep working, the daemon's fds stay
+/// bounded by the cap, and the idle connections are closed after the handshake bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_are_capped_and_closed_and_calls_keep_working() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    (cfg.listeners.max_connections, cfg.listeners.handshake_timeout_ms, cfg.listeners.idle_timeout_ms) =
+        (16, 1_500, 3_000);
+    let d = common::start(&cfg).await;
+    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
+    let fds0 = fds();
+    let n = 100;
+    let mut idle = idle_tcp(d.grpc_addr, n);
+    let idle_uds: Vec<StdUnixStream> =
+        (0..n).map(|_| StdUnixStream::connect(cfg.engine_socket()).unwrap()).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = fds() - fds0 - 2 * n;
+    assert!(held <= 2 * 16 + 4, "the daemon holds {held} fds for {} idle connections (cap 16 each)", 2 * n);
+    // Legitimate calls on new connections work at once (they evict the idle ones).
+    let t0 = Instant::now();
+    let mut r = router(d.grpc_addr).await;
+    r.get_links(GetLinksRequest {}).await.unwrap();
+    let mut e = common::engine_client(&cfg).await;
+    e.lookup(LookupRequest { lease_id: lease.clone(), tenant: TENANT.into(), token_ids: vec![1; 16] })
+        .await
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(2), "legitimate calls took {:?}", t0.elapsed());
+    // The silent connections are closed after the handshake bound.
+    assert!(all_closed_by_peer(&mut idle, Duration::from_secs(5)), "idle router connections left open");
+    assert!(d.shared.router_conns.open() <= 1, "{}", d.shared.router_conns.open());
+    // A connection with no request in flight is closed after the idle bound; the client's
+    // channel reconnects by itself for the next call.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    assert_eq!(d.shared.router_conns.open(), 0);
+    r.get_links(GetLinksRequest {}).await.unwrap();
+    drop(idle_uds);
+}
+
+/// Row "idle TCP on the router TLS port": silent connections that never finish a handshake are
+/// capped and closed, and a router with a valid certificate is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_on_the_tls_port_are_capped_and_a_router_is_served() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Dev;
+    (cfg.listeners.max_connections, cfg.listeners.handshake_timeout_ms) = (16, 1_500);
+    let d = common::start(&cfg).await;
+    let fds0 = fds();
+    let n = 100;
+    let mut idle = idle_tcp(d.grpc_addr, n);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = fds() - fds0 - n;
+    assert!(held <= 16 + 4, "the daemon holds {held} fds for {n} idle connections (cap 16)");
+    let t0 = Instant::now();
+    let ch = tls_channel(&cfg, d.grpc_addr).await;
+    MigrationClient::new(ch).get_links(GetLinksRequest {}).await.unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(3), "the router waited {:?}", t0.elapsed());
+    assert!(all_closed_by_peer(&mut idle, Duration::from_secs(5)), "idle TLS connections left open");
+}
+
+/// A tonic channel over mutual TLS with the dev router client identity.
+async fn tls_channel(cfg: &Config, addr: SocketAddr) -> Channel {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let dev = &cfg.tls.dev_dir;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(dev.join("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(dev.join("router-client.pem")).unwrap().map(|c| c.unwrap()).collect();
+    let key = PrivateKeyDer::from_pem_file(dev.join("router-client.key")).unwrap();
+    let mut tls = rustls::ClientConfig::builder_with_provider(kvferry_peer::tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls));
+    Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let s = connector.connect(ServerName::try_from("localhost").unwrap(), tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        }))
+        .await
+        .unwrap()
+}
+
+/// A raw HTTP/2 MigrateSession whose client never opens its flow-control window: the server
+/// can send it nothing. Returns the connection task (ends when the daemon closes it).
+async fn zero_window_migration(addr: SocketAddr, req: &MigrateSessionRequest) -> tokio::task::JoinHandle<()> {
+    use prost::Message;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, conn) = h2::client::Builder::new().initial_window_size(0).handshake(tcp).await.unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let http_req = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/kvferry.v1.Migration/MigrateSession"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (resp, mut body) = client.send_request(http_req, false).unwrap();
+    let msg = req.encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(msg.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&msg);
+    body.send_data(prost::bytes::Bytes::from(frame), true).unwrap();
+    // The response headers arrive (HEADERS frames are not flow-controlled); DATA never can.
+    let resp = tokio::time::timeout(Duration::from_secs(10), resp).await.unwrap().unwrap();
+    assert_eq!(resp.status(), 200);
+    // Keep the response (and the client) alive with the connection.
+    tokio::spawn(async move {
+        let _keep = (resp, client);
+        std::future::pending::<()>().await;
+    });
+    task
+}
+
+/// Two regions for the zero-window rows: A holds a 1 MiB prefix (64 blocks of 16 KiB) and
+/// serves B at most 4 Mbit/s, so each fetch takes ~2 s and sends progress events all along;
+/// B allows 2 concurrent migrations and closes stalled streams after `stall_ms`. Returns the
+/// daemons, what must stay alive, and B's fetch request.
+struct FetchRegions {
+    _a: kvferry_daemon::Daemon,
+    b: kvferry_daemon::Daemon,
+    _keep: Vec<Box<dyn std::any::Any + Send>>,
+    fetch: MigrateSessionRequest,
+}
+
+async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
+    let spec = PoolLayoutSpec { num_blocks: 64, ..common::spec() };
+    let peer = |region: &str, addr: SocketAddr, cap: f64| Peer {
+        region: region.into(),
+        addr,
+        gbps: 1.0,
+        rtt_ms: 1.0,
+        max_egress_gbps: cap,
+    };
+    // B's peer address is only known once A runs, and A's allow-list needs B's: start B once
+    // for its address... both listen on fixed free ports instead.
+    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (pa, pb) = (free(), free());
+    let mut cfg_a = common::config(dir, "region-a");
+    (cfg_a.listen.peer, cfg_a.peers) = (pa, vec![peer("region-b", pb, 0.004)]);
+    let mut cfg_b = common::config(dir, "region-b");
+    (cfg_b.listen.peer, cfg_b.peers) = (pb, vec![peer("region-a", pa, 0.0)]);
+    (cfg_b.limits.max_concurrent_migrations, cfg_b.limits.stream_stall_ms) = (2, stall_ms);
+    // Small chunks, so the pacing spreads each fetch out (one 4 MiB chunk would leave at once).
+    (cfg_a.transfer.chunk_bytes, cfg_b.transfer.chunk_bytes) = (65_536, 65_536);
+    let a = common::start(&cfg_a).await;
+    let b = common::start(&cfg_b).await;
+    let (pool_a, sa, lease_a) = register_shm(&cfg_a, "ea", spec.clone()).await;
+    let (ea, ta) = answering_engine(&cfg_a, &lease_a).await;
+    let (pool_b, sb, lease_b) = register_shm(&cfg_b, "eb", spec).await;
+    let (eb, tb) = answering_engine(&cfg_b, &lease_b).await;
+    let prompt = kvferry_engine_node::prompt(64 * 16, 512, 100);
+    let hashes = kvferry_daemon::engine_api::hashes_for(TENANT, &prompt, 16);
+    common::engine_client(&cfg_a)
+        .await
+        .publish(PublishRequest {
+            lease_id: lease_a.clone(),
+            stored: vec![BlockStored {
+                tenant: TENANT.into(),
+                block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
+                block_ids: (0..64).collect(),
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut fetch = request("zw", prompt, PolicyMode::Fetch);
+    fetch.source_region = "region-a".into();
+    let plan = router(b.grpc_addr).await.plan_migration(fetch.clone()).await.unwrap().into_inner();
+    assert_eq!((plan.action.as_str(), plan.source_tokens), ("fetch", 64 * 16), "{plan:?}");
+    let keep: Vec<Box<dyn std::any::Any + Send>> = vec![
+        Box::new(pool_a),
+        Box::new(sa),
+        Box::new(ea),
+        Box::new(ta),
+        Box::new(pool_b),
+        Box::new(sb),
+        Box::new(eb),
+        Box::new(tb),
+    ];
+    FetchRegions { _a: a, b, _keep: keep, fetch }
+}
+
+/// Row "zero-window HTTP/2 client", first half: the migration slot belongs to the work. Two
+/// routers that never read (zero receive window) take both slots; their streams are never
+/// drained (the stall bound is far away), yet once their fetches end a reading router gets
+/// its migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn zero_window_clients_hold_no_migration_slot_past_the_work() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fetch_regions(dir.path(), 120_000).await;
+    let t0 = Instant::now();
+    let zw = [
+        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
+        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
+    ];
+    let mut r = router(f.b.grpc_addr).await;
+    let mut busy = 0;
+    let rc = loop {
+        match receipt(&mut r, f.fetch.clone()).await {
+            Ok(rc) => break rc,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                busy += 1;
+                assert!(t0.elapsed() < Duration::from_secs(20), "the slots were never freed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(
+        busy > 0,
+        "the zero-window migrations held both slots while they worked: {rc:?} after {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(rc.tokens_ready, 64 * 16, "{rc:?}");
+    assert!(zw.iter().all(|c| !c.is_finished()), "the zero-window connections are still open");
+    while f.b.shared.migrations.available_permits() < 2 {
+        assert!(t0.elapsed() < Duration::from_secs(20), "a slot stayed held past its work");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Row "zero-window HTTP/2 client", second half: a stream that cannot take its events is
+/// dropped after `limits.stream_stall_ms` (its connection closed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_that_cannot_take_its_events_is_dropped_after_the_bound() {
+    let _serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = fetch_regions(dir.path(), 1_000).await;
+    let t0 = Instant::now();
+    let zw = [
+        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
+        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
+    ];
+    for c in zw {
+        tokio::time::timeout(Duration::from_secs(10), c)
+            .await
+            .expect("a stalled stream's connection stayed open")
+            .unwrap();
+    }
+    assert!(t0.elapsed() >= Duration::from_millis(900), "closed before the bound: {:?}", t0.elapsed());
+    assert_eq!(f.b.shared.router_conns.closed(kvferry_daemon::conn::CloseReason::Stalled), 2);
+    // A router that reads is served as usual.
+    let rc = receipt(&mut router(f.b.grpc_addr).await, f.fetch.clone()).await;
+    assert!(rc.is_ok() || rc.as_ref().is_err_and(|e| e.code() == tonic::Code::ResourceExhausted), "{rc:?}");
+}
+
