@@ -305,9 +305,7 @@ impl Daemon {
             .await
             .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
         let grpc_addr = grpc.local_addr()?;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(kvferry_proto::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        let reflection = service::reflection(shared.config.auth.bearer_token.clone())?;
         let router = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(256)
             .timeout(Duration::from_secs(600))

@@ -27,15 +27,53 @@ pub struct MigrationService {
 
 impl MigrationService {
     fn authorise<T>(&self, req: &Request<T>) -> Result<(), DaemonError> {
-        let want = &self.shared.config.auth.bearer_token;
-        if want.is_empty() {
-            return Ok(());
-        }
-        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
-        let ok = got.strip_prefix("Bearer ").is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()));
-        if ok { Ok(()) } else { Err(DaemonError::Unauthenticated("a valid bearer token is required".into())) }
+        check_bearer(&self.shared.config.auth.bearer_token, req.metadata())
     }
 }
+
+/// The router API's authentication: with a configured token (`auth.bearer_token`), a request
+/// must carry `authorization: Bearer <token>`. Every service on the router port (Migration
+/// and server reflection) checks it.
+pub fn check_bearer(want: &str, md: &tonic::metadata::MetadataMap) -> Result<(), DaemonError> {
+    if want.is_empty() {
+        return Ok(());
+    }
+    let got = md.get("authorization").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ok = got.strip_prefix("Bearer ").is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()));
+    if ok { Ok(()) } else { Err(DaemonError::Unauthenticated("a valid bearer token is required".into())) }
+}
+
+/// The router port's server reflection: behind the same bearer token as Migration, and
+/// describing only the services that port serves (Migration, and reflection itself), not the
+/// Engine or ReferenceEngine services that share the proto file.
+pub fn reflection(
+    bearer_token: String,
+) -> anyhow::Result<
+    tonic::service::interceptor::InterceptedService<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        impl tonic::service::Interceptor + Clone,
+    >,
+> {
+    use prost::Message;
+    let mut set = prost_types::FileDescriptorSet::decode(kvferry_proto::FILE_DESCRIPTOR_SET)?;
+    for f in &mut set.file {
+        f.service.retain(|s| s.name() == ROUTER_SERVICE);
+    }
+    let svc = tonic_reflection::server::Builder::configure()
+        .register_file_descriptor_set(set)
+        .with_service_name(format!("kvferry.v1.{ROUTER_SERVICE}"))
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .build_v1()?;
+    Ok(tonic::service::interceptor::InterceptedService::new(svc, move |req: Request<()>| {
+        check_bearer(&bearer_token, req.metadata()).map_err(Status::from)?;
+        Ok(req)
+    }))
+}
+
+/// The one `kvferry.v1` service of the router port.
+const ROUTER_SERVICE: &str = "Migration";
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0

@@ -302,6 +302,65 @@ async fn an_oversized_request_is_resource_exhausted() {
     r.get_links(GetLinksRequest {}).await.unwrap();
 }
 
+/// Row "reflection with a bearer token": reflection needs the token too, and describes only
+/// the Migration service (not Engine or ReferenceEngine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_is_behind_the_token_and_describes_only_the_router_port() {
+    let _serial = SERIAL.lock().await;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = common::config(dir.path(), "region-a");
+    cfg.auth.bearer_token = "s3cret".into();
+    let d = common::start(&cfg).await;
+    let ch = Endpoint::from_shared(format!("http://{}", d.grpc_addr)).unwrap().connect().await.unwrap();
+    async fn ask(
+        ch: &Channel,
+        token: Option<&str>,
+        q: MessageRequest,
+    ) -> Result<ServerReflectionResponse, tonic::Status> {
+        let mut req = tonic::Request::new(tokio_stream::iter([ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(q),
+        }]));
+        if let Some(t) = token {
+            req.metadata_mut().insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        let mut s = ServerReflectionClient::new(ch.clone()).server_reflection_info(req).await?.into_inner();
+        s.message().await?.ok_or_else(|| tonic::Status::unknown("no answer"))
+    }
+    let list = || MessageRequest::ListServices(String::new());
+    for token in [None, Some("wrong")] {
+        let e = ask(&ch, token, list()).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{token:?}: {e}");
+    }
+    let r = ask(&ch, Some("s3cret"), list()).await.unwrap();
+    let Some(MessageResponse::ListServicesResponse(l)) = r.message_response else { panic!("{r:?}") };
+    let mut names: Vec<String> = l.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(names, ["grpc.reflection.v1.ServerReflection", "kvferry.v1.Migration"]);
+    for hidden in ["kvferry.v1.Engine", "kvferry.v1.ReferenceEngine"] {
+        let r = ask(&ch, Some("s3cret"), MessageRequest::FileContainingSymbol(hidden.into())).await;
+        let described = matches!(
+            &r,
+            Ok(ServerReflectionResponse {
+                message_response: Some(MessageResponse::FileDescriptorResponse(_)),
+                ..
+            })
+        );
+        assert!(!described, "{hidden} is described: {r:?}");
+    }
+    let r = ask(&ch, Some("s3cret"), MessageRequest::FileContainingSymbol("kvferry.v1.Migration".into()))
+        .await
+        .unwrap();
+    let Some(MessageResponse::FileDescriptorResponse(f)) = r.message_response else { panic!("{r:?}") };
+    use prost::Message;
+    let file = prost_types::FileDescriptorProto::decode(f.file_descriptor_proto[0].as_slice()).unwrap();
+    assert_eq!(file.service.iter().map(|s| s.name()).collect::<Vec<_>>(), ["Migration"]);
+}
+
 /// Opens `n` TCP connections to `addr` that send nothing.
 fn idle_tcp(addr: SocketAddr, n: usize) -> Vec<std::net::TcpStream> {
     (0..n).map(|_| std::net::TcpStream::connect(addr).unwrap()).collect()
