@@ -380,7 +380,7 @@ impl Engine for EngineService {
                         _ => break,
                     },
                 };
-                if let Err(e) = apply_event(&engine, ev) {
+                if let Err(e) = apply_event(&engine, &shared.metrics, ev) {
                     // The stream's only way to refuse an event is to end with its status.
                     tracing::warn!(engine = ?engine.engine_id, error = %e, "Attach: engine event refused; ending the stream");
                     let tx = engine.commands.locked().clone();
@@ -563,7 +563,11 @@ fn checked_stored<'a>(
 }
 
 /// Applies one Attach event; an event that does not validate changes nothing and is refused.
-fn apply_event(engine: &EngineEntry, ev: EngineEvent) -> Result<(), DaemonError> {
+fn apply_event(
+    engine: &EngineEntry,
+    metrics: &crate::metrics::Metrics,
+    ev: EngineEvent,
+) -> Result<(), DaemonError> {
     match ev.event {
         Some(engine_event::Event::Stored(s)) => {
             let stored = checked_stored(engine, &s)?;
@@ -596,8 +600,12 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) -> Result<(), DaemonError>
             }
         }
         Some(engine_event::Event::RecomputeDone(d)) => {
-            if let Some(tx) = engine.recompute_waiters.locked().remove(&d.session_id) {
+            let waiter = engine.recompute_waiters.locked().remove(&d.session_id);
+            if let Some(tx) = waiter {
                 let _ = tx.send(if d.error.is_empty() { Ok(d.tokens) } else { Err(d.error) });
+            } else if d.cancelled {
+                metrics.recompute_cancels_acked.inc();
+                tracing::info!(recompute = ?d.session_id, tokens = d.tokens, "the engine cancelled a recompute past its deadline");
             }
         }
         None => {}

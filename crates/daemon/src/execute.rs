@@ -16,7 +16,8 @@ use kvferry_model::MigrationAction;
 use kvferry_model::migration::fallback_reserve_s;
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
-    DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
+    CancelRecompute, DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command,
+    migration_event,
 };
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
@@ -50,7 +51,7 @@ pub async fn execute(
             receipt.path = format!("{}: already in this region", shared.config.region);
         }
         MigrationAction::Recompute => {
-            let n = recompute(p, plan.recompute_tokens).await?;
+            let n = recompute(shared, p, plan.recompute_tokens).await?;
             receipt.tokens_ready = n;
             receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
         }
@@ -60,8 +61,10 @@ pub async fn execute(
         },
         MigrationAction::Split => {
             let k = plan.recompute_tokens;
-            let (rec, fet) =
-                tokio::join!(recompute(p, k), fetch(shared, p, plan.fetch_from, plan.fetch_end, events));
+            let (rec, fet) = tokio::join!(
+                recompute(shared, p, k),
+                fetch(shared, p, plan.fetch_from, plan.fetch_end, events)
+            );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
                     fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs);
@@ -116,7 +119,7 @@ async fn fallback(
         return Err(e);
     }
     tracing::warn!(session = ?p.session_id, error = %e, "fetch failed; recomputing instead");
-    let n = recompute(p, total).await?;
+    let n = recompute(shared, p, total).await?;
     set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
     receipt.tokens_ready = n;
@@ -126,8 +129,10 @@ async fn fallback(
     Ok(())
 }
 
-/// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
-async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+/// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline. A
+/// recompute still running at the deadline is cancelled (`CancelRecompute`): the engine stops
+/// spending its compute on a migration nobody waits for any more.
+async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
@@ -153,6 +158,14 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
         Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
         Err(_) => {
             p.engine.recompute_waiters.locked().remove(&key);
+            let cancel = DaemonCommand {
+                command: Some(daemon_command::Command::Cancel(CancelRecompute { session_id: key.clone() })),
+            };
+            // Best effort, never blocking: a full command queue means a detached engine soon.
+            if sender.try_send(Ok(cancel)).is_ok() {
+                shared.metrics.recompute_cancels.inc();
+                tracing::info!(recompute = ?key, "recompute past its deadline: told the engine to cancel it");
+            }
             Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
         }
     }

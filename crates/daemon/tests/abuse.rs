@@ -651,3 +651,70 @@ async fn a_stream_that_cannot_take_its_events_is_dropped_after_the_bound() {
     assert!(rc.is_ok() || rc.as_ref().is_err_and(|e| e.code() == tonic::Code::ResourceExhausted), "{rc:?}");
 }
 
+/// Row "abandoned recompute": a recompute the daemon gives up on at its deadline is cancelled
+/// in the engine (the real reference engine, in this process), which acknowledges it and is
+/// free for other work at once instead of finishing the abandoned prefill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_abandoned_recompute_is_cancelled_in_the_engine() {
+    let _serial = SERIAL.lock().await;
+    use kvferry_engine_node::config::NodeConfig;
+    use kvferry_engine_node::node::EngineNode;
+    use kvferry_proto::v1::GenerateRequest;
+    use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let mut ncfg = NodeConfig::new(&cfg.run_dir, "e0", cfg.run_dir.join("e0.ctl"));
+    ncfg.num_blocks = 512;
+    (ncfg.profile.contexts, ncfg.profile.chunk, ncfg.profile.repeats) = (vec![0, 32], 16, 1);
+    let node = EngineNode::start(ncfg).await.unwrap();
+    let model = node.info().model_id.clone();
+    let mut ctl = ReferenceEngineClient::new(
+        kvferry_engine_node::daemon::connect_uds(&cfg.run_dir.join("e0.ctl")).await.unwrap(),
+    );
+    // How long a full prefill of the prompt takes here.
+    let prompt = kvferry_engine_node::prompt(4096, 1024, 9);
+    let t = Instant::now();
+    ctl.generate(GenerateRequest {
+        tenant: "probe".into(),
+        token_ids: prompt.clone(),
+        max_new_tokens: 1,
+        use_cache: false,
+    })
+    .await
+    .unwrap();
+    let full = t.elapsed();
+    let mut r = router(d.grpc_addr).await;
+    let mut req = request("abandoned", prompt.clone(), PolicyMode::Recompute);
+    req.model_id = model;
+    req.deadline_ms = (full.as_millis() as u64 / 5).max(50);
+    let t0 = Instant::now();
+    let e = receipt(&mut r, req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::DeadlineExceeded, "{e}");
+    // The engine acknowledges the cancel well before the prefill would have ended.
+    loop {
+        let m = &d.shared.metrics;
+        if m.recompute_cancels_acked.get() == 1 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < full,
+            "no acknowledged cancel after {:?} (a full prefill takes {full:?})",
+            t0.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(d.shared.metrics.recompute_cancels.get(), 1);
+    // And it is free: a short Generate is not queued behind the abandoned prefill.
+    let t1 = Instant::now();
+    ctl.generate(GenerateRequest {
+        tenant: "next".into(),
+        token_ids: prompt[..32].to_vec(),
+        max_new_tokens: 1,
+        use_cache: false,
+    })
+    .await
+    .unwrap();
+    assert!(t0.elapsed() < full, "the engine stayed busy: {:?} (+{:?})", t0.elapsed(), t1.elapsed());
+    node.shutdown();
+}

@@ -92,7 +92,7 @@ pub async fn answering_engine(cfg: &Config, lease: &str) -> (EventSink, tokio::t
     let task = tokio::spawn(async move {
         while let Some(Ok(cmd)) = commands.next().await {
             if let Some(daemon_command::Command::Recompute(r)) = cmd.command {
-                sink.recompute_done(r.session_id, r.token_ids.len() as u64, 0.0, String::new());
+                sink.recompute_done(r.session_id, r.token_ids.len() as u64, 0.0, String::new(), false);
             }
         }
     });
