@@ -8,8 +8,9 @@
 //!   hedged; the cancelled fetch left nothing in B's landing zone (nothing used, nothing
 //!   reserved) and moved no byte into it, and the next turn in B equals a cold recompute.
 //! - Uncapped, a long prefix is fetched faster than it is recomputed: the receipt says fetch,
-//!   hedged, with the losing recompute's time accounted (`kvferry_hedge_wasted_milliseconds_total`),
-//!   and the next turn equals a cold recompute.
+//!   hedged, with the losing recompute's time accounted (`kvferry_hedge_wasted_milliseconds_total`)
+//!   and the recompute cancelled in the engine (sent and acknowledged), and the next turn
+//!   equals a cold recompute.
 
 mod common;
 
@@ -91,5 +92,12 @@ async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
     let m = cl.metrics(1).await;
     assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"fetch\"}"), 1.0);
     assert!(metric(&m, "kvferry_hedge_wasted_milliseconds_total") >= 0.0);
+    // The losing recompute was cancelled in the engine, and the engine acknowledged it.
+    assert_eq!(metric(&m, "kvferry_recompute_cancels_total{state=\"sent\"}"), 1.0);
+    let t = Instant::now();
+    while metric(&cl.metrics(1).await, "kvferry_recompute_cancels_total{state=\"acknowledged\"}") < 1.0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the engine never acknowledged the cancel");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     warm_equals_cold(&cl, &convo).await;
 }

@@ -137,7 +137,7 @@ impl Drop for HintWhenServed {
         // Never block (this runs in a drop): a full command queue drops the hint.
         if tx.try_send(Ok(cmd)).is_ok() {
             self.metrics.eviction_hint_blocks.add(self.hashes.len() as u64);
-            tracing::info!(engine = %self.engine.engine_id, blocks = self.hashes.len(), pool_use,
+            tracing::info!(engine = ?self.engine.engine_id, blocks = self.hashes.len(), pool_use,
                 "served a whole chain to a peer; eviction hint sent");
         }
     }
@@ -240,7 +240,7 @@ impl RegionCatalog {
             if !held.is_empty() {
                 let shape = BlockShape::of(&e.layout).map_err(|m| (RefusalCode::Internal, m))?;
                 self.metrics.served_requests.inc();
-                tracing::debug!(peer = %peer, blocks = held.len(), engine = %e.engine_id, "serving from engine pool");
+                tracing::debug!(peer = %peer, blocks = held.len(), engine = ?e.engine_id, "serving from engine pool");
                 let pool: Arc<dyn ChunkSource> = Arc::new(Revalidated {
                     inner: Arc::new(PoolChunks::new(e.layout.clone(), e.backend.clone(), held.clone())),
                     engine: e.clone(),
@@ -327,7 +327,7 @@ impl ChunkSource for Revalidated {
             if let Some((h, id, _)) = range.iter().find(|(h, id, g)| !ix.still_holds(h, *id, *g)) {
                 drop(ix);
                 self.metrics.served_reused.inc();
-                tracing::warn!(engine = %self.engine.engine_id, block = id, hash = %hex::encode(h),
+                tracing::warn!(engine = ?self.engine.engine_id, block = id, hash = %hex::encode(h),
                     "a served block was withdrawn during the read; ending the transfer");
                 return Err(ChunkError::Withdrawn(format!("{BLOCKS_REUSED} (block id {id})")));
             }

@@ -144,6 +144,7 @@ pub struct Config {
     pub router_tls: RouterTls,
     pub peers: Vec<Peer>,
     pub limits: Limits,
+    pub listeners: Listeners,
     pub transfer: Transfer,
     pub policy: PolicyDefaults,
     /// Fault injection for tests (honoured only by builds with feature `fault-injection`).
@@ -275,6 +276,40 @@ pub struct Limits {
     /// A registered pool whose engine has not opened its `Attach` stream within this many ms
     /// loses its lease (its backend, and for NIXL its helper process, is released).
     pub attach_grace_ms: u64,
+    /// A `pool.sock` connection must deliver its whole offer (fd, layout, model id) within
+    /// this many ms, else it is closed; offers are handled concurrently, so a silent client
+    /// delays no other engine.
+    pub pool_offer_timeout_ms: u64,
+    /// A shm pool handed over `pool.sock` and not claimed by `RegisterPool` within this many ms
+    /// expires: its fd is closed and its mapping unmapped.
+    pub pool_offer_ttl_ms: u64,
+    /// Unclaimed shm pool offers held at once; an offer beyond it is refused (`error: ...`).
+    pub max_pending_pool_offers: u32,
+    /// A `MigrateSession` stream that cannot take its next event (the router stopped reading)
+    /// for this many ms is dropped: its connection is closed. Its migration slot is freed when
+    /// the work ends either way, never held by the stream.
+    pub stream_stall_ms: u64,
+}
+
+/// Bounds on every listener (router gRPC, plaintext or TLS; Engine API socket; HTTP).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Listeners {
+    /// Open connections per listener. At the cap a new connection evicts the connection that
+    /// has been idle (no request in flight) longest; when none is idle it is closed at once.
+    pub max_connections: u32,
+    /// A connection must complete its TLS handshake (router TLS), or send its first bytes
+    /// (plaintext gRPC, HTTP), within this many ms.
+    pub handshake_timeout_ms: u64,
+    /// A gRPC connection with no request in flight for this many ms is closed (HTTP/2
+    /// keepalive pings also close connections whose peer stopped answering).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for Listeners {
+    fn default() -> Self {
+        Self { max_connections: 1024, handshake_timeout_ms: 10_000, idle_timeout_ms: 300_000 }
+    }
 }
 
 /// Transfer tuning.
@@ -370,6 +405,7 @@ impl Default for Config {
             router_tls: RouterTls::default(),
             peers: Vec::new(),
             limits: Limits::default(),
+            listeners: Listeners::default(),
             transfer: Transfer::default(),
             policy: PolicyDefaults::default(),
             faults: Faults::default(),
@@ -412,6 +448,10 @@ impl Default for Limits {
             max_concurrent_migrations: 64,
             default_deadline_ms: 30_000,
             attach_grace_ms: 30_000,
+            pool_offer_timeout_ms: 5_000,
+            pool_offer_ttl_ms: 30_000,
+            max_pending_pool_offers: 64,
+            stream_stall_ms: 30_000,
         }
     }
 }
@@ -582,6 +622,24 @@ impl Config {
                 "max_tokens, max_concurrent_migrations, default_deadline_ms and attach_grace_ms must be > 0",
             ));
         }
+        if l.pool_offer_timeout_ms == 0
+            || l.pool_offer_ttl_ms == 0
+            || l.max_pending_pool_offers == 0
+            || l.stream_stall_ms == 0
+        {
+            return Err(invalid(
+                "limits",
+                "pool_offer_timeout_ms, pool_offer_ttl_ms, max_pending_pool_offers and stream_stall_ms must be > 0 \
+                 (0 would mean unbounded)",
+            ));
+        }
+        let n = &self.listeners;
+        if n.max_connections == 0 {
+            return Err(invalid("listeners.max_connections", "must be > 0"));
+        }
+        if n.handshake_timeout_ms == 0 || n.idle_timeout_ms == 0 {
+            return Err(invalid("listeners", "handshake_timeout_ms and idle_timeout_ms must be > 0"));
+        }
         let t = &self.transfer;
         if !(64 << 10..=64 << 20).contains(&t.chunk_bytes) {
             return Err(invalid("transfer.chunk_bytes", "must be between 64 KiB and 64 MiB"));
@@ -692,6 +750,9 @@ mod tests {
             ("[[peers]]\nregion = \"region-a\"\naddr = \"127.0.0.1:1\"", "peers[0].region"),
             ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ngbps = 0", "peers[0].gbps"),
             ("[limits]\nstaging_bytes = 1", "limits.staging_bytes"),
+            ("[limits]\npool_offer_ttl_ms = 0", "limits"),
+            ("[listeners]\nmax_connections = 0", "listeners.max_connections"),
+            ("[listeners]\nidle_timeout_ms = 0", "listeners"),
             ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion"),
             ("[transfer]\nstreams = 0", "transfer.streams"),
             ("[transfer]\nidle_timeout_ms = 10", "transfer.idle_timeout_ms"),

@@ -326,7 +326,7 @@ impl Engine for EngineService {
             registered_at: Instant::now(),
         });
         self.shared.registry.insert(entry.clone());
-        tracing::info!(engine = %r.engine_id, model = %r.model_id, lease = %lease_id, "engine pool registered");
+        tracing::info!(engine = ?r.engine_id, model = ?r.model_id, lease = %lease_id, "engine pool registered");
         // A lease lives as long as its Attach stream; one never attached expires.
         let grace = self.shared.config.limits.attach_grace_ms;
         let shared = self.shared.clone();
@@ -337,7 +337,7 @@ impl Engine for EngineService {
             let Some(entry) = weak.upgrade() else { return };
             let attached = entry.commands.locked().is_some();
             if !attached && shared.registry.remove(&entry.lease_id).is_some() {
-                tracing::warn!(engine = %entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
+                tracing::warn!(engine = ?entry.engine_id, lease = %entry.lease_id, grace_ms = grace,
                     "no Attach within the grace period: lease released");
             }
         });
@@ -362,7 +362,16 @@ impl Engine for EngineService {
         let engine = self.engine(&first.lease_id)?;
         let (tx, rx) = mpsc::channel(64);
         {
+            // One live Attach stream per lease: a second one is refused and the first left
+            // untouched (replacing it would drop the first engine's command stream).
             let mut c = engine.commands.locked();
+            if c.as_ref().is_some_and(|s| !s.is_closed()) {
+                return Err(DaemonError::precondition(format!(
+                    "lease {:?} already has a live Attach stream; a second one is refused",
+                    first.lease_id
+                ))
+                .into());
+            }
             *c = Some(tx);
         }
         let shared = self.shared.clone();
@@ -376,10 +385,18 @@ impl Engine for EngineService {
                         _ => break,
                     },
                 };
-                apply_event(&engine, ev);
+                if let Err(e) = apply_event(&engine, &shared.metrics, ev) {
+                    // The stream's only way to refuse an event is to end with its status.
+                    tracing::warn!(engine = ?engine.engine_id, error = %e, "Attach: engine event refused; ending the stream");
+                    let tx = engine.commands.locked().clone();
+                    if let Some(tx) = tx {
+                        let _ = tx.try_send(Err(e.into()));
+                    }
+                    break;
+                }
             }
             // The stream ended: the engine is gone, and so is its lease.
-            tracing::info!(engine = %engine.engine_id, "engine detached; releasing its lease");
+            tracing::info!(engine = ?engine.engine_id, "engine detached; releasing its lease");
             shared.registry.remove(&engine.lease_id);
             engine.commands.locked().take();
             {
@@ -420,7 +437,7 @@ impl Engine for EngineService {
         let engine = self.engine(&r.lease_id)?;
         #[cfg(feature = "fault-injection")]
         if self.shared.config.faults.fail_loads.contains(&r.tenant) {
-            tracing::warn!(tenant = %r.tenant, "fault injection: failing a Load");
+            tracing::warn!(tenant = ?r.tenant, "fault injection: failing a Load");
             return Err(Status::unavailable("fault injection: Load failed on purpose"));
         }
         if r.block_hashes.len() != r.block_ids.len() {
@@ -485,21 +502,7 @@ impl Engine for EngineService {
             r.removed_hashes.iter().map(|b| hash_of(b)).collect::<Result<_, _>>()?;
         let mut stored = Vec::new();
         for s in &r.stored {
-            if s.block_hashes.len() != s.block_ids.len() {
-                return Err(
-                    DaemonError::invalid("stored: block_hashes and block_ids differ in length").into()
-                );
-            }
-            for (h, &id) in s.block_hashes.iter().zip(&s.block_ids) {
-                if id >= engine.layout.num_blocks() {
-                    return Err(DaemonError::invalid(format!(
-                        "stored: block id {id} is past the pool's {} blocks",
-                        engine.layout.num_blocks()
-                    ))
-                    .into());
-                }
-                stored.push((hash_of(h)?, id, s.tenant.as_str()));
-            }
+            stored.extend(checked_stored(&engine, s)?);
         }
         let mut out = PublishResponse::default();
         let mut ix = engine.blocks.locked();
@@ -530,22 +533,58 @@ impl Engine for EngineService {
     }
 }
 
-fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
+/// Checks one published batch of stored blocks (Attach's `BlockStored`, Publish's `stored`)
+/// against the engine's pool: as many ids as hashes, every hash 32 bytes, every block id inside
+/// the pool, the tenant bounded. Nothing of a batch that fails is indexed.
+fn checked_stored<'a>(
+    engine: &EngineEntry,
+    s: &'a kvferry_proto::v1::BlockStored,
+) -> Result<Vec<(BlockHash, u32, &'a str)>, DaemonError> {
+    if s.block_hashes.len() != s.block_ids.len() {
+        return Err(DaemonError::invalid("stored: block_hashes and block_ids differ in length"));
+    }
+    if s.tenant.len() > crate::plan::MAX_ID_BYTES {
+        return Err(DaemonError::invalid(format!(
+            "stored: tenant is {} bytes, more than {}",
+            s.tenant.len(),
+            crate::plan::MAX_ID_BYTES
+        )));
+    }
+    let n = engine.layout.num_blocks();
+    s.block_hashes
+        .iter()
+        .zip(&s.block_ids)
+        .map(|(h, &id)| {
+            if id >= n {
+                return Err(DaemonError::invalid(format!(
+                    "stored: block id {id} is past the pool's {n} blocks"
+                )));
+            }
+            Ok((hash_of(h)?, id, s.tenant.as_str()))
+        })
+        .collect()
+}
+
+/// Applies one Attach event; an event that does not validate changes nothing and is refused.
+fn apply_event(
+    engine: &EngineEntry,
+    metrics: &crate::metrics::Metrics,
+    ev: EngineEvent,
+) -> Result<(), DaemonError> {
     match ev.event {
         Some(engine_event::Event::Stored(s)) => {
+            let stored = checked_stored(engine, &s)?;
             let mut b = engine.blocks.locked();
-            for (h, id) in s.block_hashes.iter().zip(&s.block_ids) {
-                if let Ok(h) = hash_of(h) {
-                    b.store(h, *id, &s.tenant, 0);
-                }
+            for (h, id, tenant) in stored {
+                b.store(h, id, tenant, 0);
             }
         }
         Some(engine_event::Event::Removed(r)) => {
+            let hashes: Vec<BlockHash> =
+                r.block_hashes.iter().map(|h| hash_of(h)).collect::<Result<_, _>>()?;
             let mut b = engine.blocks.locked();
-            for h in &r.block_hashes {
-                if let Ok(h) = hash_of(h) {
-                    b.remove_hash(&h);
-                }
+            for h in &hashes {
+                b.remove_hash(h);
             }
         }
         Some(engine_event::Event::Load(l)) => {
@@ -564,35 +603,97 @@ fn apply_event(engine: &EngineEntry, ev: EngineEvent) {
             }
         }
         Some(engine_event::Event::RecomputeDone(d)) => {
-            if let Some(tx) = engine.recompute_waiters.locked().remove(&d.session_id) {
+            let waiter = engine.recompute_waiters.locked().remove(&d.session_id);
+            if let Some(tx) = waiter {
                 let _ = tx.send(if d.error.is_empty() { Ok(d.tokens) } else { Err(d.error) });
+            } else if d.cancelled {
+                metrics.recompute_cancels_acked.inc();
+                tracing::info!(recompute = ?d.session_id, tokens = d.tokens, "the engine cancelled a recompute past its deadline");
             }
         }
         None => {}
     }
+    Ok(())
 }
 
 /// Accepts shm pools on `pool.sock`: each connection carries one offer (fd + layout + model
 /// id); the reply is one line, the token, or `error: ...`.
+///
+/// Each connection is handled on its own thread, bounded in time (the whole offer must arrive
+/// within `limits.pool_offer_timeout_ms`; the reply's write is bounded the same way) and in
+/// number (at most `limits.max_pending_pool_offers` connections in hand at once; one beyond
+/// that is answered `error: ...` and closed): a silent client delays no other engine.
 pub fn serve_pool_socket(listener: std::os::unix::net::UnixListener, shared: Arc<Shared>) {
     use std::io::Write;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let timeout = std::time::Duration::from_millis(shared.config.limits.pool_offer_timeout_ms);
+    let max_in_hand = shared.config.limits.max_pending_pool_offers as usize;
+    let in_hand = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
-        let reply = match kvferry_pool_shm::accept_pool(&stream) {
-            Ok((offer, backend)) => {
-                let token = format!("{:032x}", rand::random::<u128>());
-                let layout = offer.layout.clone();
-                shared.registry.add_pending_pool(
-                    token.clone(),
-                    offer.model_id.clone(),
-                    layout,
-                    Arc::new(backend),
-                );
-                token
+        if stream
+            .set_read_timeout(Some(timeout))
+            .and_then(|()| stream.set_write_timeout(Some(timeout)))
+            .is_err()
+        {
+            continue;
+        }
+        if in_hand.fetch_add(1, Ordering::AcqRel) >= max_in_hand {
+            in_hand.fetch_sub(1, Ordering::AcqRel);
+            let _ = writeln!(stream, "error: {max_in_hand} pool offers are already in progress; retry");
+            continue;
+        }
+        let (shared, in_hand) = (shared.clone(), in_hand.clone());
+        let spawned = std::thread::Builder::new().name("kvferry-pool-offer".into()).spawn(move || {
+            let reply = offer(&stream, &shared);
+            let _ = writeln!(stream, "{reply}");
+            in_hand.fetch_sub(1, Ordering::AcqRel);
+        });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a pool offer thread; offer dropped");
+        }
+    }
+}
+
+/// One `pool.sock` offer: the token line, or `error: ...`.
+fn offer(stream: &std::os::unix::net::UnixStream, shared: &Shared) -> String {
+    match kvferry_pool_shm::accept_pool(stream) {
+        Ok((offer, backend)) => {
+            let token = format!("{:032x}", rand::random::<u128>());
+            let added = shared.registry.add_pending_pool(
+                token.clone(),
+                offer.model_id.clone(),
+                offer.layout.clone(),
+                Arc::new(backend),
+                shared.config.limits.max_pending_pool_offers as usize,
+            );
+            match added {
+                Ok(()) => token,
+                Err(held) => format!(
+                    "error: {held} shm pool offers are waiting for RegisterPool (limits.max_pending_pool_offers); \
+                     register or close them first"
+                ),
             }
-            Err(e) => format!("error: {e}"),
-        };
-        let _ = writeln!(stream, "{reply}");
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
+/// Drops the shm pool offers older than `limits.pool_offer_ttl_ms` that no `RegisterPool`
+/// claimed (closing their fds and unmapping them), every tenth of the TTL. Runs until aborted.
+pub async fn expire_pool_offers(shared: Arc<Shared>) {
+    let ttl = std::time::Duration::from_millis(shared.config.limits.pool_offer_ttl_ms);
+    let mut tick = tokio::time::interval((ttl / 10).max(std::time::Duration::from_millis(10)));
+    loop {
+        tick.tick().await;
+        let gone = shared.registry.expire_pending_pools(ttl);
+        if gone > 0 {
+            tracing::warn!(
+                offers = gone,
+                ttl_ms = ttl.as_millis() as u64,
+                "shm pool offers never claimed by RegisterPool expired (fds closed, mappings unmapped)"
+            );
+        }
     }
 }
 

@@ -16,7 +16,8 @@ use kvferry_model::migration::fallback_reserve_s;
 use kvferry_model::{FetchObservation, MigrationAction, RecomputeObservation};
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
-    DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
+    CancelRecompute, DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command,
+    migration_event,
 };
 use tokio::sync::{mpsc, oneshot};
 use tonic::Status;
@@ -109,9 +110,8 @@ fn fill_recompute(shared: &Shared, p: &Prepared, receipt: &mut Receipt, tokens: 
 /// Runs a hedge: the fetch of blocks `[0, hedge_fetch_end)` and the recompute of the whole
 /// prefix start together; the first to finish `Ok` is the migration's action and the other
 /// is cancelled. A fetch dropped before it returned commits nothing (its landing reservation
-/// is released; no block becomes visible). A recompute the engine already started finishes
-/// there (the Engine API has no cancel), and the time it ran until the winner finished is
-/// accounted as wasted (`hedge_loser_s`, `kvferry_hedge_wasted_milliseconds_total`). When the first
+/// is released; no block becomes visible). A dropped recompute is cancelled in the engine
+/// (`CancelRecompute`), and the time it ran until the winner finished is accounted as wasted (`hedge_loser_s`, `kvferry_hedge_wasted_milliseconds_total`). When the first
 /// to finish failed, the other is awaited.
 async fn hedge(
     shared: &Arc<Shared>,
@@ -193,7 +193,7 @@ async fn fallback(
     if !p.has_tokens() {
         return Err(e);
     }
-    tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
+    tracing::warn!(session = ?p.session_id, error = %e, "fetch failed; recomputing instead");
     let n = recompute(shared, p, p.total_tokens()).await?;
     record_fallback(receipt, &e, n, &format!("{} engine {}", shared.config.region, p.engine.engine_id));
     Ok(())
@@ -230,7 +230,9 @@ pub fn silent_limit(idle_timeout: Duration) -> Duration {
 
 /// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
 /// A completed recompute's wall time (command to acknowledgement) feeds the engine's
-/// calibration.
+/// calibration. A recompute nobody waits for any more — past its deadline, or dropped (the
+/// losing leg of a hedge) — is cancelled (`CancelRecompute`): the engine stops spending its
+/// compute on it.
 async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
@@ -242,14 +244,33 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
     let (tx, rx) = oneshot::channel();
     let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
     p.engine.recompute_waiters.locked().insert(key.clone(), tx);
-    // However this ends (answer, deadline, or a hedge dropping it), the waiter goes.
-    struct Forget<'a>(&'a crate::registry::EngineEntry, &'a str);
-    impl Drop for Forget<'_> {
+    // However this ends, the waiter goes; unless the engine answered (deadline, or a hedge
+    // dropping this leg), the engine is told to cancel. Best effort, never blocking: a full
+    // command queue means a detached engine soon.
+    struct Abandon<'a> {
+        engine: &'a crate::registry::EngineEntry,
+        key: &'a str,
+        sender: &'a mpsc::Sender<Result<DaemonCommand, Status>>,
+        metrics: &'a crate::metrics::Metrics,
+        answered: bool,
+    }
+    impl Drop for Abandon<'_> {
         fn drop(&mut self) {
-            self.0.recompute_waiters.locked().remove(self.1);
+            self.engine.recompute_waiters.locked().remove(self.key);
+            if self.answered {
+                return;
+            }
+            let cancel = DaemonCommand {
+                command: Some(daemon_command::Command::Cancel(CancelRecompute {
+                    session_id: self.key.to_owned(),
+                })),
+            };
+            if self.sender.try_send(Ok(cancel)).is_ok() {
+                self.metrics.recompute_cancels.inc();
+                tracing::info!(recompute = ?self.key, "recompute abandoned: told the engine to cancel it");
+            }
         }
     }
-    let _forget = Forget(&p.engine, &key);
     let cmd = DaemonCommand {
         command: Some(daemon_command::Command::Recompute(Recompute {
             session_id: key.clone(),
@@ -257,9 +278,17 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
             token_ids: p.tokens[..n.min(p.tokens.len())].to_vec(),
         })),
     };
-    sender.send(Ok(cmd)).await.map_err(|_| DaemonError::unavailable(Origin::Engine, "engine detached"))?;
+    let mut guard =
+        Abandon { engine: &p.engine, key: &key, sender: &sender, metrics: &shared.metrics, answered: false };
+    if sender.send(Ok(cmd)).await.is_err() {
+        guard.answered = true; // nothing reached the engine: nothing to cancel
+        return Err(DaemonError::unavailable(Origin::Engine, "engine detached"));
+    }
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    match tokio::time::timeout(remaining, rx).await {
+    let answer = tokio::time::timeout(remaining, rx).await;
+    guard.answered = matches!(answer, Ok(Ok(_)));
+    drop(guard);
+    match answer {
         Ok(Ok(Ok(tokens))) => {
             if shared.config.policy.calibrate {
                 let obs = RecomputeObservation {
@@ -324,8 +353,11 @@ async fn fetch(
                         elapsed_s: t0.elapsed().as_secs_f64(),
                     })),
                 };
-                if events.send(Ok(ev)).await.is_err() {
-                    return;
+                // Progress is advisory: when the router is not reading, events are dropped
+                // rather than queued (the decision and the receipt are never dropped).
+                match events.try_send(Ok(ev)) {
+                    Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
         })

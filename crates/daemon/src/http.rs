@@ -92,14 +92,33 @@ pub trait Routes: Send + Sync + 'static {
     fn readiness(&self, dial_peers: bool) -> BoxFuture<'_, Readiness>;
 }
 
-/// Serves until the listener fails.
-pub async fn serve(listener: TcpListener, routes: Arc<dyn Routes>) {
+/// Bounds on the HTTP listener (from `[listeners]`).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds {
+    /// Connections served at once; one more is closed at once.
+    pub max_connections: usize,
+    /// The request must arrive within this, and the response be written within it again.
+    pub timeout: Duration,
+}
+
+/// Serves until the listener fails: one request per connection, at most
+/// `bounds.max_connections` connections at once, each bounded in time.
+pub async fn serve(listener: TcpListener, routes: Arc<dyn Routes>, bounds: Bounds) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(bounds.max_connections));
     loop {
         let Ok((mut sock, _)) = listener.accept().await else { return };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            tracing::warn!(
+                max = bounds.max_connections,
+                "HTTP connection refused (listeners.max_connections)"
+            );
+            continue;
+        };
         let routes = routes.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf)).await {
+            let n = match tokio::time::timeout(bounds.timeout, sock.read(&mut buf)).await {
                 Ok(Ok(n)) => n,
                 _ => return,
             };
@@ -119,7 +138,7 @@ pub async fn serve(listener: TcpListener, routes: Arc<dyn Routes>) {
                 "HTTP/1.1 {status}\r\ncontent-type: {ctype}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
-            let _ = sock.write_all(resp.as_bytes()).await;
+            let _ = tokio::time::timeout(bounds.timeout, sock.write_all(resp.as_bytes())).await;
         });
     }
 }

@@ -5,7 +5,8 @@
 //! where fetches land), [`blockbuf`] (chunk ↔ block byte permutations), [`links`] (per-peer
 //! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
-//! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
+//! socket), [`conn`] (connection caps and timeouts on every gRPC listener), [`http`] +
+//! [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
 //!
 //! [`Daemon::start`] validates the [`Config`] again (a caller may have built it by hand) before
 //! it binds anything, and every listener is bound before it returns; `/readyz` reports them
@@ -16,6 +17,7 @@ pub mod blockbuf;
 pub mod calib;
 pub mod catalog;
 pub mod config;
+pub mod conn;
 pub mod engine_api;
 pub mod error;
 pub mod execute;
@@ -51,6 +53,9 @@ pub struct Shared {
     pub migrations: Arc<Semaphore>,
     /// Fetch and recompute calibrations learnt from executed migrations.
     pub calib: calib::Calibrations,
+    /// The router API's and the Engine API's connections ([`conn`]).
+    pub router_conns: Arc<conn::ConnTable>,
+    pub engine_conns: Arc<conn::ConnTable>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -149,6 +154,13 @@ impl http::Routes for HttpRoutes {
             "# HELP kvferry_staging_high_water_bytes Most staging memory in use at once, per direction.\n# TYPE kvferry_staging_high_water_bytes gauge\nkvferry_staging_high_water_bytes{{direction=\"serve\"}} {serve}\nkvferry_staging_high_water_bytes{{direction=\"fetch\"}} {fetch}\nkvferry_staging_bound_bytes {}\n",
             s.node.staging_bound()
         ));
+        out.push_str("# HELP kvferry_connections_open Open connections per listener.\n# TYPE kvferry_connections_open gauge\n# HELP kvferry_connections_closed_total Connections the listener's bounds closed, by reason.\n# TYPE kvferry_connections_closed_total counter\n");
+        out.push_str(&s.router_conns.render());
+        out.push_str(&s.engine_conns.render());
+        out.push_str(&format!(
+            "# HELP kvferry_shm_pool_offers_pending Shm pools handed over pool.sock, not yet claimed by RegisterPool.\n# TYPE kvferry_shm_pool_offers_pending gauge\nkvferry_shm_pool_offers_pending {}\n",
+            s.registry.pending_pools()
+        ));
         out.push_str(&format!(
             "# HELP kvferry_chunks_failed_verification_total Chunks fetched from peers whose checksum did not match (refetched or fatal; never landed).\n# TYPE kvferry_chunks_failed_verification_total counter\nkvferry_chunks_failed_verification_total {}\n",
             s.node.verify_failures()
@@ -239,7 +251,10 @@ impl Daemon {
         )
         .map_err(|e| anyhow::anyhow!("peer endpoint on {}: {e}", config.listen.peer))?;
         let peer_addr = node.local_addr();
+        let limits = conn::ConnLimits::of(&config);
         let shared = Arc::new(Shared {
+            router_conns: conn::ConnTable::new("router", limits),
+            engine_conns: conn::ConnTable::new("engine", limits),
             links: links::LinkTable::new(&config.peers),
             migrations: Arc::new(Semaphore::new(config.limits.max_concurrent_migrations as usize)),
             calib: calib::Calibrations::default(),
@@ -250,6 +265,10 @@ impl Daemon {
             node,
         });
         let mut tasks = Vec::new();
+        tasks.push(
+            tokio::spawn(conn::sweeper(vec![shared.router_conns.clone(), shared.engine_conns.clone()]))
+                .abort_handle(),
+        );
 
         // Engine API on a Unix socket; the fd-passing socket beside it.
         let engine_sock = shared.config.engine_socket();
@@ -267,12 +286,19 @@ impl Daemon {
                 .name("kvferry-pool-sock".into())
                 .spawn(move || engine_api::serve_pool_socket(pool_listener, shared))?
         };
+        tasks.push(tokio::spawn(engine_api::expire_pool_offers(shared.clone())).abort_handle());
         let engine_svc = EngineServer::new(engine_api::EngineService { shared: shared.clone() });
         tasks.push(
             tokio::spawn(
                 tonic::transport::Server::builder()
+                    .http2_keepalive_interval(Some(conn::KEEPALIVE_INTERVAL))
+                    .http2_keepalive_timeout(Some(conn::KEEPALIVE_TIMEOUT))
+                    .layer(conn::EdgeLayer)
                     .add_service(engine_svc)
-                    .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(uds)),
+                    .serve_with_incoming(conn::guard(
+                        tokio_stream::wrappers::UnixListenerStream::new(uds),
+                        shared.engine_conns.clone(),
+                    )),
             )
             .abort_handle(),
         );
@@ -283,21 +309,27 @@ impl Daemon {
             .await
             .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
         let grpc_addr = grpc.local_addr()?;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(kvferry_proto::FILE_DESCRIPTOR_SET)
-            .build_v1()?;
+        let reflection = service::reflection(shared.config.auth.bearer_token.clone())?;
         let router = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(256)
             .timeout(Duration::from_secs(600))
+            .http2_keepalive_interval(Some(conn::KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(conn::KEEPALIVE_TIMEOUT))
+            .layer(conn::EdgeLayer)
             .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
             .add_service(reflection);
         match router_tls {
             Some(tls) => {
-                let (incoming, acceptor) = router_tls::incoming(grpc, tls);
+                let (incoming, acceptor) = router_tls::incoming(grpc, tls, shared.router_conns.clone());
                 tasks.push(acceptor);
                 tasks.push(tokio::spawn(router.serve_with_incoming(incoming)).abort_handle());
             }
-            None => tasks.push(tokio::spawn(router.serve_with_incoming(nodelay(grpc))).abort_handle()),
+            None => tasks.push(
+                tokio::spawn(
+                    router.serve_with_incoming(conn::guard(nodelay(grpc), shared.router_conns.clone())),
+                )
+                .abort_handle(),
+            ),
         }
 
         // HTTP observability.
@@ -306,7 +338,11 @@ impl Daemon {
             .with_context(|| format!("binding {}", shared.config.listen.http))?;
         let http_addr = http.local_addr()?;
         let routes = HttpRoutes { shared: shared.clone(), servers: tasks.clone(), pool_socket };
-        tasks.push(tokio::spawn(http::serve(http, Arc::new(routes))).abort_handle());
+        let http_bounds = http::Bounds {
+            max_connections: shared.config.listeners.max_connections as usize,
+            timeout: Duration::from_millis(shared.config.listeners.handshake_timeout_ms),
+        };
+        tasks.push(tokio::spawn(http::serve(http, Arc::new(routes), http_bounds)).abort_handle());
 
         tracing::info!(region = %shared.config.region, grpc = %grpc_addr, router_tls = %shared.config.router_tls.mode, peer = %peer_addr, http = %http_addr,
             run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");

@@ -55,6 +55,10 @@ pub struct Metrics {
     pub hedges_recompute_won: Counter,
     /// Milliseconds a losing hedged recompute had run when the fetch won.
     pub hedge_wasted_ms: Counter,
+    /// Recomputes the daemon gave up on at their deadline and told the engine to cancel...
+    pub recompute_cancels: Counter,
+    /// ...and the engines' acknowledgements (RecomputeDone with `cancelled`).
+    pub recompute_cancels_acked: Counter,
     pub last_goodput_gbps: Gauge,
     pub last_prediction_error: Gauge,
 }
@@ -87,6 +91,14 @@ impl Metrics {
             "kvferry_fallbacks_total",
             "Migrations whose executed action differs from the decision.",
             &[("", self.fallbacks.get())],
+        );
+        counter(
+            "kvferry_recompute_cancels_total",
+            "Recomputes given up at their deadline: sent (CancelRecompute) and acknowledged by the engine.",
+            &[
+                ("state=\"sent\"", self.recompute_cancels.get()),
+                ("state=\"acknowledged\"", self.recompute_cancels_acked.get()),
+            ],
         );
         counter(
             "kvferry_migrations_failed_total",

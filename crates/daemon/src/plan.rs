@@ -20,6 +20,10 @@ use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
 
+/// Longest `session_id` and `tenant` a request may carry, bytes (both are logged, escaped, with
+/// every migration; a longer one is refused with INVALID_ARGUMENT).
+pub const MAX_ID_BYTES: usize = 256;
+
 /// A validated request with everything the decision and the executor need.
 pub struct Prepared {
     pub session_id: String,
@@ -191,11 +195,17 @@ pub async fn prepare(
     transport_timeout: Option<Duration>,
 ) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
-    if r.session_id.is_empty() {
-        return Err(DaemonError::invalid("session_id is required"));
+    if r.session_id.is_empty() || r.session_id.len() > MAX_ID_BYTES {
+        return Err(DaemonError::invalid(format!(
+            "session_id must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            r.session_id.len()
+        )));
     }
-    if r.tenant.is_empty() || r.tenant.len() > 256 {
-        return Err(DaemonError::invalid("tenant must be 1 to 256 bytes"));
+    if r.tenant.is_empty() || r.tenant.len() > MAX_ID_BYTES {
+        return Err(DaemonError::invalid(format!(
+            "tenant must be 1 to {MAX_ID_BYTES} bytes, got {}",
+            r.tenant.len()
+        )));
     }
     let max = shared.config.limits.max_tokens;
     if r.token_ids.is_empty() && r.block_hashes.is_empty() {

@@ -214,12 +214,15 @@ mod tests {
 /// A pool received over the fd socket: model id, the layout it was offered with, its backend.
 pub type PendingPool = (String, Option<PoolLayout>, Arc<dyn MemoryBackend>);
 
+/// A pending pool and when it was offered (unclaimed offers expire).
+type Offered = (PendingPool, Instant);
+
 /// All engines of this region.
 #[derive(Default)]
 pub struct Registry {
     engines: Mutex<HashMap<String, Arc<EngineEntry>>>,
     /// Pools received over the fd-passing socket: token → (model id, layout, backend).
-    pending_pools: Mutex<HashMap<String, PendingPool>>,
+    pending_pools: Mutex<HashMap<String, Offered>>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -229,20 +232,44 @@ impl std::fmt::Debug for Registry {
 }
 
 impl Registry {
-    /// Holds a pool handed over the fd socket until `RegisterPool` claims it.
+    /// Holds a pool handed over the fd socket until `RegisterPool` claims it, unless `max`
+    /// offers are already waiting (then the pool is dropped and `Err` carries how many wait).
     pub fn add_pending_pool(
         &self,
         token: String,
         model_id: String,
         layout: Option<PoolLayout>,
         backend: Arc<dyn MemoryBackend>,
-    ) {
-        self.pending_pools.locked().insert(token, (model_id, layout, backend));
+        max: usize,
+    ) -> Result<(), usize> {
+        let mut p = self.pending_pools.locked();
+        if p.len() >= max {
+            return Err(p.len());
+        }
+        p.insert(token, ((model_id, layout, backend), Instant::now()));
+        Ok(())
     }
 
     /// Claims a pending pool.
     pub fn take_pending_pool(&self, token: &str) -> Option<PendingPool> {
-        self.pending_pools.locked().remove(token)
+        self.pending_pools.locked().remove(token).map(|(p, _)| p)
+    }
+
+    /// Drops the pending pools offered more than `ttl` ago; returns how many. Their backends
+    /// are dropped outside the lock (an shm backend unmaps and closes its fd on drop).
+    pub fn expire_pending_pools(&self, ttl: std::time::Duration) -> usize {
+        let gone: Vec<Offered> = {
+            let mut p = self.pending_pools.locked();
+            let old: Vec<String> =
+                p.iter().filter(|(_, (_, at))| at.elapsed() >= ttl).map(|(k, _)| k.clone()).collect();
+            old.iter().filter_map(|k| p.remove(k)).collect()
+        };
+        gone.len()
+    }
+
+    /// Pool offers waiting for `RegisterPool`.
+    pub fn pending_pools(&self) -> usize {
+        self.pending_pools.locked().len()
     }
 
     /// Adds a registered engine.

@@ -26,9 +26,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use crate::config::{Config, RouterTlsMode};
-
-/// Longest a router's TLS handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+use crate::conn::{ConnTable, Guarded};
 
 /// File names of the dev router client identity in `tls.dev_dir`.
 pub const DEV_CLIENT_CERT: &str = "router-client.pem";
@@ -199,6 +197,9 @@ pub fn ensure_dev_router_client(dir: &Path, trust_domain: &str) -> anyhow::Resul
 /// A router connection after a successful TLS handshake.
 pub struct RouterTlsStream(tokio_rustls::server::TlsStream<TcpStream>);
 
+/// A TLS router connection admitted by the router's [`ConnTable`].
+pub type GuardedTls = Guarded<RouterTlsStream>;
+
 impl std::fmt::Debug for RouterTlsStream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("RouterTlsStream").field(&self.0.get_ref().0.peer_addr().ok()).finish()
@@ -248,14 +249,18 @@ impl AsyncWrite for RouterTlsStream {
     }
 }
 
-/// Accepts router connections (Nagle off), runs each TLS handshake in its own bounded task,
-/// and yields the established streams. Refused handshakes are logged with the reason. The
-/// returned task owns the listener; abort it to stop accepting.
+/// Accepts router connections (Nagle off), admits each into `table` (its connection cap
+/// counts handshakes in progress), runs each TLS handshake in its own task bounded by
+/// `listeners.handshake_timeout_ms` (or until the table closes the connection), and yields
+/// the established streams. Refused handshakes are logged with the reason. The returned task
+/// owns the listener; abort it to stop accepting.
 pub fn incoming(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,
-) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<RouterTlsStream>>, tokio::task::AbortHandle) {
+    table: Arc<ConnTable>,
+) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<GuardedTls>>, tokio::task::AbortHandle) {
     let (tx, rx) = mpsc::channel(64);
+    let handshake_timeout = table.limits.handshake;
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let task = tokio::spawn(async move {
         loop {
@@ -271,11 +276,26 @@ pub fn incoming(
             if tx.is_closed() {
                 return;
             }
+            let Some(admission) = table.admit() else { continue };
             let (acceptor, tx) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                // Registered before the check, so a close between the two is not missed.
+                let state = admission.state.clone();
+                let closing = state.closing.notified();
+                tokio::pin!(closing);
+                closing.as_mut().enable();
+                if admission.state.is_closed() {
+                    return;
+                }
+                let handshake = tokio::time::timeout(handshake_timeout, acceptor.accept(tcp));
+                let outcome = tokio::select! {
+                    r = handshake => r,
+                    () = closing => return,
+                };
+                match outcome {
                     Ok(Ok(s)) => {
-                        let _ = tx.send(Ok(RouterTlsStream(s))).await;
+                        admission.state.mark_seen();
+                        let _ = tx.send(Ok(Guarded::new(RouterTlsStream(s), admission))).await;
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "router TLS handshake refused (mutual TLS: a client certificate signed by the router client CA is required)");

@@ -29,12 +29,7 @@ pub struct MigrationService {
 
 impl MigrationService {
     fn authorise<T>(&self, req: &Request<T>) -> Result<(), DaemonError> {
-        let got = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
-        if bearer_ok(&self.shared.config.auth.bearer_token, got) {
-            Ok(())
-        } else {
-            Err(DaemonError::unauthenticated("a valid bearer token is required"))
-        }
+        check_bearer(&self.shared.config.auth.bearer_token, req.metadata())
     }
 }
 
@@ -48,6 +43,50 @@ pub fn bearer_ok(want: &str, authorization: Option<&str>) -> bool {
         .and_then(|h| h.strip_prefix("Bearer "))
         .is_some_and(|t| constant_time_eq(t.as_bytes(), want.as_bytes()))
 }
+
+/// The router API's authentication: with a configured token (`auth.bearer_token`), a request
+/// must carry `authorization: Bearer <token>`. Every service on the router port (Migration
+/// and server reflection) checks it.
+pub fn check_bearer(want: &str, md: &tonic::metadata::MetadataMap) -> Result<(), DaemonError> {
+    let got = md.get("authorization").and_then(|v| v.to_str().ok());
+    if bearer_ok(want, got) {
+        Ok(())
+    } else {
+        Err(DaemonError::unauthenticated("a valid bearer token is required"))
+    }
+}
+
+/// The router port's server reflection: behind the same bearer token as Migration, and
+/// describing only the services that port serves (Migration, and reflection itself), not the
+/// Engine or ReferenceEngine services that share the proto file.
+pub fn reflection(
+    bearer_token: String,
+) -> anyhow::Result<
+    tonic::service::interceptor::InterceptedService<
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        impl tonic::service::Interceptor + Clone,
+    >,
+> {
+    use prost::Message;
+    let mut set = prost_types::FileDescriptorSet::decode(kvferry_proto::FILE_DESCRIPTOR_SET)?;
+    for f in &mut set.file {
+        f.service.retain(|s| s.name() == ROUTER_SERVICE);
+    }
+    let svc = tonic_reflection::server::Builder::configure()
+        .register_file_descriptor_set(set)
+        .with_service_name(format!("kvferry.v1.{ROUTER_SERVICE}"))
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .build_v1()?;
+    Ok(tonic::service::interceptor::InterceptedService::new(svc, move |req: Request<()>| {
+        check_bearer(&bearer_token, req.metadata()).map_err(Status::from)?;
+        Ok(req)
+    }))
+}
+
+/// The one `kvferry.v1` service of the router port.
+const ROUTER_SERVICE: &str = "Migration";
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -91,7 +130,7 @@ impl Migration for MigrationService {
         let prepared = prepare(&self.shared, &r, timeout).await?;
         let planned = decide(&prepared)?;
         count(&self.shared, planned.action);
-        let span = tracing::info_span!("migration", session = %r.session_id, tenant = %r.tenant, action = planned.action.as_str(),
+        let span = tracing::info_span!("migration", session = ?r.session_id, tenant = ?r.tenant, action = planned.action.as_str(),
             source = prepared.source.as_ref().map(|s| s.0.as_str()).unwrap_or(""), target = %self.shared.config.region);
         let (tx, rx) = mpsc::channel(16);
         let decision = to_proto(&prepared, &planned);
@@ -99,9 +138,12 @@ impl Migration for MigrationService {
         let shared = self.shared.clone();
         tokio::spawn(tracing::Instrument::instrument(
             async move {
-                let _permit = permit;
                 let t0 = Instant::now();
+                // The slot is held by the work, not by the stream: it is free again as soon as
+                // the work ends, however slowly the router reads (a stream that stops taking
+                // its events is closed by the connection's bounds, `limits.stream_stall_ms`).
                 let res = crate::execute::execute(&shared, &prepared, &planned, &tx).await;
+                drop(permit);
                 match res {
                     Ok(receipt) => {
                         tracing::info!(wall_s = receipt.wall_s, action = %receipt.action, bytes = receipt.bytes_moved, "migration done");

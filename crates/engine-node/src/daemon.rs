@@ -168,8 +168,15 @@ impl EventSink {
         self.send(Event::Load(LoadReport { queue_depth, utilization, profile }));
     }
 
-    /// The answer to a Recompute command.
-    pub fn recompute_done(&self, session_id: String, tokens: u64, seconds: f64, error: String) {
-        self.send(Event::RecomputeDone(RecomputeDone { session_id, tokens, seconds, error }));
+    /// The answer to a Recompute command (`cancelled`: it stopped early on a CancelRecompute).
+    pub fn recompute_done(
+        &self,
+        session_id: String,
+        tokens: u64,
+        seconds: f64,
+        error: String,
+        cancelled: bool,
+    ) {
+        self.send(Event::RecomputeDone(RecomputeDone { session_id, tokens, seconds, error, cancelled }));
     }
 }

@@ -316,7 +316,15 @@ async fn supervise(mut p: Parts) -> Result<(), NodeError> {
             msg = p.commands.message() => match msg {
                 Ok(Some(cmd)) => {
                     let job = match cmd.command {
-                        Some(Command::Recompute(r)) => Job::Recompute(r),
+                        Some(Command::Recompute(r)) => {
+                            p.jobs.recompute_queued(&r.session_id);
+                            Job::Recompute(r)
+                        }
+                        Some(Command::Cancel(c)) => {
+                            let known = p.jobs.cancel_recompute(&c.session_id);
+                            tracing::info!(session = ?c.session_id, known, "the daemon cancelled a recompute");
+                            continue;
+                        }
                         Some(Command::Evict(h)) => {
                             // A hint: the worker evicts only cached blocks no request uses.
                             tracing::info!(blocks = h.block_hashes.len(), "eviction hint from the daemon");

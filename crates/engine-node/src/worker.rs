@@ -92,7 +92,13 @@ pub struct Shared {
     /// Signalled when the queue drains, so the daemon hears "idle" at once rather than up to
     /// a report interval late (a stale "busy" would price the next recompute with a queue).
     pub drained: tokio::sync::Notify,
+    /// Recomputes queued or running, by session id: whether the daemon cancelled it.
+    pub recomputes: Mutex<std::collections::HashMap<String, bool>>,
 }
+
+/// Tokens a cancellable recompute computes between two looks at its cancel flag (the prefill
+/// is incremental, so the chunks' K/V equal one pass's).
+pub const RECOMPUTE_CHUNK_TOKENS: usize = 4 * BLOCK_SIZE;
 
 /// The daemon side of the worker: client, lease, events, RPC deadline.
 #[derive(Debug, Clone)]
@@ -469,30 +475,66 @@ impl Worker {
         })
     }
 
+    /// Whether the daemon cancelled the recompute `session`.
+    fn cancelled(&self, session: &str) -> bool {
+        self.shared.recomputes.lock().expect("recomputes lock").get(session).copied().unwrap_or(false)
+    }
+
+    /// Runs the daemon's Recompute, in chunks of [`RECOMPUTE_CHUNK_TOKENS`] with a look at its
+    /// cancel flag before each: a cancelled recompute stops (keeping and publishing the full
+    /// blocks computed so far) and answers with `cancelled`; one still queued never starts.
     fn recompute(&mut self, cmd: Recompute) {
         let t0 = Instant::now();
-        let res = self.check_tokens(&cmd.token_ids).and_then(|()| {
-            let p = self.prepare(&cmd.tenant, &cmd.token_ids, 0, true, false)?;
-            let mut seq = p.seq;
-            let len = cmd.token_ids.len();
-            let done = if seq.computed() < len { self.engine.prefill_to(&mut seq, len) } else { Ok(()) };
-            match done {
-                Ok(()) => Ok(self.finish(&cmd.tenant, seq, p.shared, true)),
-                Err(e) => {
-                    self.finish(&cmd.tenant, seq, p.shared, false);
-                    Err(NodeError::from(e))
+        let mut stopped = false;
+        let res = if self.cancelled(&cmd.session_id) {
+            stopped = true;
+            Ok(0)
+        } else {
+            self.check_tokens(&cmd.token_ids).and_then(|()| {
+                let p = self.prepare(&cmd.tenant, &cmd.token_ids, 0, true, false)?;
+                let mut seq = p.seq;
+                let len = cmd.token_ids.len();
+                let mut done = Ok(());
+                while seq.computed() < len {
+                    if self.cancelled(&cmd.session_id) {
+                        stopped = true;
+                        break;
+                    }
+                    let end = (seq.computed() + RECOMPUTE_CHUNK_TOKENS).min(len);
+                    done = self.engine.prefill_to(&mut seq, end);
+                    if done.is_err() {
+                        break;
+                    }
                 }
-            }
-        });
+                match done {
+                    Ok(()) => Ok(self.finish(&cmd.tenant, seq, p.shared, true)),
+                    Err(e) => {
+                        self.finish(&cmd.tenant, seq, p.shared, false);
+                        Err(NodeError::from(e))
+                    }
+                }
+            })
+        };
+        self.shared.recomputes.lock().expect("recomputes lock").remove(&cmd.session_id);
         let seconds = t0.elapsed().as_secs_f64();
         match res {
             Ok(ready) => {
-                tracing::info!(session = %cmd.session_id, ready, seconds, "recompute done");
-                self.link.events.recompute_done(cmd.session_id, ready as u64, seconds, String::new());
+                if stopped {
+                    tracing::info!(session = ?cmd.session_id, ready, seconds, "recompute cancelled by the daemon");
+                } else {
+                    tracing::info!(session = ?cmd.session_id, ready, seconds, "recompute done");
+                }
+                self.link.events.recompute_done(
+                    cmd.session_id,
+                    ready as u64,
+                    seconds,
+                    String::new(),
+                    stopped,
+                );
             }
             Err(e) => {
-                tracing::warn!(session = %cmd.session_id, error = %e, "recompute failed");
-                self.link.events.recompute_done(cmd.session_id, 0, seconds, e.to_string());
+                tracing::warn!(session = ?cmd.session_id, error = %e, "recompute failed");
+                self.link.events.recompute_done(cmd.session_id, 0, seconds, e.to_string(), false);
             }
         }
     }
@@ -510,6 +552,17 @@ impl JobQueue {
     pub fn new(shared: Arc<Shared>) -> (Self, mpsc::UnboundedReceiver<Job>) {
         let (tx, rx) = mpsc::unbounded_channel();
         (JobQueue { tx, shared }, rx)
+    }
+
+    /// Notes a Recompute about to be queued (so a CancelRecompute can find it).
+    pub fn recompute_queued(&self, session: &str) {
+        self.shared.recomputes.lock().expect("recomputes lock").insert(session.to_owned(), false);
+    }
+
+    /// Flags the queued or running recompute `session` as cancelled; `false` when there is
+    /// none (it already answered).
+    pub fn cancel_recompute(&self, session: &str) -> bool {
+        self.shared.recomputes.lock().expect("recomputes lock").get_mut(session).map(|c| *c = true).is_some()
     }
 
     /// Queues a job; fails when the worker is gone.

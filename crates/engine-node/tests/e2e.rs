@@ -284,3 +284,45 @@ async fn filled_blocks_travel_byte_identical_and_digests_agree() {
     a.wait().await.unwrap();
     b.wait().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
+    let d = daemon().await;
+    let mut a = EngineNode::start(config(&d, "a", 256)).await.unwrap();
+    let la = a.info().lease_id.clone();
+    let recompute = |session: &str, tokens: Vec<u32>| DaemonCommand {
+        command: Some(daemon_command::Command::Recompute(Recompute {
+            session_id: session.into(),
+            tenant: "t".into(),
+            token_ids: tokens,
+        })),
+    };
+    let cancel = |session: &str| DaemonCommand {
+        command: Some(daemon_command::Command::Cancel(kvferry_proto::v1::CancelRecompute {
+            session_id: session.into(),
+        })),
+    };
+    // A long recompute keeps the worker busy while the second one waits behind it, and the
+    // second is cancelled before it starts (the three commands arrive back to back).
+    d.send(&la, recompute("long", prompt(3000, 7))).await;
+    d.send(&la, recompute("queued", prompt(64, 8))).await;
+    d.send(&la, cancel("queued")).await;
+    d.send(&la, cancel("unknown")).await;
+    d.wait_for(60, "two RecomputeDone", |c| {
+        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == 2
+    })
+    .await;
+    let done: Vec<_> = d
+        .calls()
+        .into_iter()
+        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
+        .collect();
+    assert_eq!((done[0].session_id.as_str(), done[0].cancelled, done[0].tokens), ("long", false, 2992));
+    assert_eq!((done[1].session_id.as_str(), done[1].cancelled, done[1].tokens), ("queued", true, 0));
+    assert_eq!(done[1].error, "");
+    // Nothing answers the cancel of a recompute the engine never had.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(d.calls().iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count(), 2);
+    a.shutdown();
+    a.wait().await.unwrap();
+}

@@ -91,6 +91,10 @@ class Lease:
 RecomputeHandler = Callable[[pb.Recompute], tuple[int, float, str]]
 """Runs a recompute: returns (tokens now ready, seconds, error or "")."""
 
+CancelHandler = Callable[[str], None]
+"""Stops the running recompute of this session id (the daemon gave up on it at its deadline):
+makes its RecomputeHandler return early. The SDK then answers RecomputeDone with `cancelled`."""
+
 
 class EngineClient:
     """A connection to the local daemon's Engine API."""
@@ -108,6 +112,9 @@ class EngineClient:
         self._lease: Lease | None = None
         self.attached = threading.Event()
         self.detached = threading.Event()
+        # Recomputes running, by session id: whether the daemon cancelled it.
+        self._recomputes: dict[str, bool] = {}
+        self._recomputes_lock = threading.Lock()
 
     # ------------------------------------------------------------------ pools and leases
 
@@ -137,9 +144,14 @@ class EngineClient:
         lease: Lease,
         on_recompute: RecomputeHandler | None = None,
         on_evict: Callable[[list[bytes]], None] | None = None,
+        on_cancel: CancelHandler | None = None,
     ) -> None:
         """Opens the Attach stream (the lease lives as long as it) on a background thread.
-        Recompute commands run ``on_recompute`` on their own thread and answer RecomputeDone."""
+        Recompute commands run ``on_recompute`` on their own thread and answer RecomputeDone.
+        A CancelRecompute for a running recompute calls ``on_cancel`` (which must make the
+        handler return early); its RecomputeDone then carries ``cancelled``. Without
+        ``on_cancel`` the recompute runs to its end and answers as usual (never claims a
+        cancel it did not do). A recompute cancelled before its thread starts never runs."""
         events: queue.Queue[pb.EngineEvent | None] = queue.Queue()
         self._events = events
         events.put(pb.EngineEvent(lease_id=lease.lease_id))
@@ -158,9 +170,22 @@ class EngineClient:
                 for cmd in stream:
                     which = cmd.WhichOneof("command")
                     if which == "recompute" and on_recompute is not None:
+                        with self._recomputes_lock:
+                            self._recomputes[cmd.recompute.session_id] = False
                         threading.Thread(
-                            target=self._run_recompute, args=(cmd.recompute, on_recompute), daemon=True
+                            target=self._run_recompute,
+                            args=(cmd.recompute, on_recompute, on_cancel is not None),
+                            daemon=True,
                         ).start()
+                    elif which == "cancel":
+                        sid = cmd.cancel.session_id
+                        with self._recomputes_lock:
+                            known = sid in self._recomputes
+                            if known and on_cancel is not None:
+                                self._recomputes[sid] = True
+                        log.info("kvferry: the daemon cancelled recompute %r (running: %s)", sid, known)
+                        if known and on_cancel is not None:
+                            on_cancel(sid)
                     elif which == "evict" and on_evict is not None:
                         on_evict(list(cmd.evict.block_hashes))
             except grpc.RpcError as e:
@@ -173,15 +198,32 @@ class EngineClient:
         self._attach_thread.start()
         self.attached.wait(timeout=self.timeout_s)
 
-    def _run_recompute(self, cmd: pb.Recompute, handler: RecomputeHandler) -> None:
-        try:
-            tokens, seconds, error = handler(cmd)
-        except Exception as e:  # reported to the daemon, which falls back or fails the session
-            tokens, seconds, error = 0, 0.0, f"{type(e).__name__}: {e}"
+    def cancelled(self, session_id: str) -> bool:
+        """Whether the daemon cancelled the running recompute ``session_id`` (for handlers that
+        poll rather than react to ``on_cancel``)."""
+        with self._recomputes_lock:
+            return self._recomputes.get(session_id, False)
+
+    def _run_recompute(self, cmd: pb.Recompute, handler: RecomputeHandler, cancellable: bool) -> None:
+        if cancellable and self.cancelled(cmd.session_id):
+            tokens, seconds, error = 0, 0.0, ""
+        else:
+            try:
+                tokens, seconds, error = handler(cmd)
+            except Exception as e:  # reported to the daemon, which falls back or fails the session
+                tokens, seconds, error = 0, 0.0, f"{type(e).__name__}: {e}"
+        with self._recomputes_lock:
+            cancelled = self._recomputes.pop(cmd.session_id, False)
+        if cancelled:
+            error = ""
         self.send(
             pb.EngineEvent(
                 recompute_done=pb.RecomputeDone(
-                    session_id=cmd.session_id, tokens=tokens, seconds=seconds, error=error
+                    session_id=cmd.session_id,
+                    tokens=tokens,
+                    seconds=seconds,
+                    error=error,
+                    cancelled=cancelled,
                 )
             )
         )

@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::path::Path;
 
+pub mod abuse;
 pub mod nixl;
 
 use kvferry_daemon::{Config, Daemon};

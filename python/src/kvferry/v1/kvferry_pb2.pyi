@@ -346,16 +346,18 @@ class LoadReport(_message.Message):
     def __init__(self, queue_depth: _Optional[int] = ..., utilization: _Optional[float] = ..., profile: _Optional[_Union[PrefillProfile, _Mapping]] = ...) -> None: ...
 
 class RecomputeDone(_message.Message):
-    __slots__ = ("session_id", "tokens", "seconds", "error")
+    __slots__ = ("session_id", "tokens", "seconds", "error", "cancelled")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tokens: int
     seconds: float
     error: str
-    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+    cancelled: bool
+    def __init__(self, session_id: _Optional[str] = ..., tokens: _Optional[int] = ..., seconds: _Optional[float] = ..., error: _Optional[str] = ..., cancelled: _Optional[bool] = ...) -> None: ...
 
 class EngineEvent(_message.Message):
     __slots__ = ("lease_id", "stored", "removed", "load", "recompute_done")
@@ -387,13 +389,21 @@ class EvictionHint(_message.Message):
     block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class CancelRecompute(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
 class DaemonCommand(_message.Message):
-    __slots__ = ("recompute", "evict")
+    __slots__ = ("recompute", "evict", "cancel")
     RECOMPUTE_FIELD_NUMBER: _ClassVar[int]
     EVICT_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
     recompute: Recompute
     evict: EvictionHint
-    def __init__(self, recompute: _Optional[_Union[Recompute, _Mapping]] = ..., evict: _Optional[_Union[EvictionHint, _Mapping]] = ...) -> None: ...
+    cancel: CancelRecompute
+    def __init__(self, recompute: _Optional[_Union[Recompute, _Mapping]] = ..., evict: _Optional[_Union[EvictionHint, _Mapping]] = ..., cancel: _Optional[_Union[CancelRecompute, _Mapping]] = ...) -> None: ...
 
 class LookupRequest(_message.Message):
     __slots__ = ("lease_id", "tenant", "token_ids")

@@ -250,8 +250,12 @@ class EngineServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Attach(self, request_iterator, context):
-        """Engine -> daemon: blocks stored/removed, load. Daemon -> engine: recompute, eviction hints.
-        The first engine message must name the lease.
+        """Engine -> daemon: blocks stored/removed, load, recompute answers. Daemon -> engine:
+        recompute, cancel recompute, eviction hints. The first engine message must name the lease.
+        One live Attach stream per lease: a second one is refused with FAILED_PRECONDITION (the
+        first is left untouched). An event that does not validate (a block id past the pool, a
+        hash not 32 bytes, as many ids as hashes, a tenant over 256 bytes) ends the stream with
+        INVALID_ARGUMENT, and the lease with it; nothing of that event is indexed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -18,13 +18,15 @@ The two halves share only the lease id, through a file in the run dir.
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
 import queue
+import socket
 import threading
 import time
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -213,7 +215,9 @@ class KvferryConnector(KVConnectorBase_V1):
         self._lease = self.client.register_nixl_pool(
             self.s.engine_id, self.s.model_id, g.spec, self._pool.descriptor_json(), fit
         )
-        self.client.attach(self._lease, on_recompute=self._recompute)
+        self._recompute_conns: dict[str, http.client.HTTPConnection] = {}
+        self._recompute_lock = threading.Lock()
+        self.client.attach(self._lease, on_recompute=self._recompute, on_cancel=self._cancel_recompute)
         self._announcer = _Announcer(self.client)
         tmp = self.s.lease_file + ".tmp"
         with open(tmp, "w") as f:
@@ -348,18 +352,44 @@ class KvferryConnector(KVConnectorBase_V1):
         if cmd.tenant:
             body["cache_salt"] = cmd.tenant
         t = time.perf_counter()
-        req = urllib.request.Request(
-            self.s.server_url.rstrip("/") + "/v1/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=300) as r:
-            out = json.loads(r.read())
+        url = urllib.parse.urlsplit(self.s.server_url.rstrip("/") + "/v1/completions")
+        kind = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+        conn = kind(url.hostname or "127.0.0.1", url.port, timeout=300)
+        with self._recompute_lock:
+            self._recompute_conns[cmd.session_id] = conn
+        try:
+            if self.client.cancelled(cmd.session_id):
+                return 0, 0.0, ""
+            conn.request(
+                "POST", url.path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+            )
+            out = json.loads(conn.getresponse().read())
+        except (OSError, http.client.HTTPException):
+            if self.client.cancelled(cmd.session_id):
+                # The daemon gave up on it: closing the connection made vLLM abort the request.
+                return 0, time.perf_counter() - t, ""
+            raise
+        finally:
+            with self._recompute_lock:
+                self._recompute_conns.pop(cmd.session_id, None)
+            conn.close()
         seconds = time.perf_counter() - t
         if "choices" not in out:
             return 0, seconds, f"kvferry: recompute request failed: {out}"
         ready = (len(cmd.token_ids) // self.block_size) * self.block_size
         return ready, seconds, ""
+
+    def _cancel_recompute(self, session_id: str) -> None:
+        """The daemon gave up on a recompute (its deadline passed): close its completion
+        request's connection, which makes vLLM abort the request (its OpenAI server cancels a
+        request whose client disconnected) and `_recompute` return early."""
+        with self._recompute_lock:
+            conn = self._recompute_conns.get(session_id)
+        if conn is not None and conn.sock is not None:
+            try:
+                conn.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: the request ended by itself
 
     # ============================================================== scheduler side
 
