@@ -5,7 +5,8 @@
 //! where fetches land), [`blockbuf`] (chunk ↔ block byte permutations), [`links`] (per-peer
 //! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
-//! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
+//! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status),
+//! [`reload`] (certificate rotation: TLS files re-read on change and on SIGHUP).
 //!
 //! [`Daemon::start`] validates the [`Config`] again (a caller may have built it by hand) before
 //! it binds anything, and every listener is bound before it returns; `/readyz` reports them
@@ -24,6 +25,7 @@ pub mod links;
 pub mod metrics;
 pub mod plan;
 pub mod registry;
+pub mod reload;
 pub mod router_tls;
 pub mod service;
 
@@ -63,6 +65,8 @@ pub struct Daemon {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub peer_addr: SocketAddr,
+    /// Reloads the TLS files (the watch task calls it; tests may too).
+    pub reloader: Arc<reload::Reloader>,
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
@@ -274,7 +278,7 @@ impl Daemon {
         );
 
         // Router API on TCP (mutual TLS when configured), with reflection.
-        let router_tls = router_tls::server_config(&shared.config)?;
+        let router_tls = router_tls::server_config(&shared.config)?.map(router_tls::RouterTlsConfig::new);
         let grpc = tokio::net::TcpListener::bind(shared.config.listen.grpc)
             .await
             .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
@@ -287,9 +291,9 @@ impl Daemon {
             .timeout(Duration::from_secs(600))
             .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
             .add_service(reflection);
-        match router_tls {
+        match &router_tls {
             Some(tls) => {
-                let (incoming, acceptor) = router_tls::incoming(grpc, tls);
+                let (incoming, acceptor) = router_tls::incoming(grpc, tls.clone());
                 tasks.push(acceptor);
                 tasks.push(tokio::spawn(router.serve_with_incoming(incoming)).abort_handle());
             }
@@ -304,8 +308,13 @@ impl Daemon {
         let routes = HttpRoutes { shared: shared.clone(), servers: tasks.clone(), pool_socket };
         tasks.push(tokio::spawn(http::serve(http, Arc::new(routes))).abort_handle());
 
+        // Certificate rotation: TLS files re-read when they change and on SIGHUP.
+        let reloader = Arc::new(reload::Reloader::new(shared.clone(), router_tls));
+        let poll = Duration::from_millis(shared.config.tls.reload_poll_ms);
+        tasks.push(tokio::spawn(reloader.clone().watch(poll)).abort_handle());
+
         tracing::info!(region = %shared.config.region, grpc = %grpc_addr, router_tls = %shared.config.router_tls.mode, peer = %peer_addr, http = %http_addr,
             run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");
-        Ok(Self { shared, grpc_addr, http_addr, peer_addr, tasks })
+        Ok(Self { shared, grpc_addr, http_addr, peer_addr, reloader, tasks })
     }
 }

@@ -261,3 +261,80 @@ pub async fn wait_for_source(router: &mut MigrationClient<Channel>, req: &Migrat
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Writes `files` into `dir` the way the kubelet updates a mounted Secret (cert-manager's
+/// certificates arrive so): the contents go into a fresh hidden directory, `..data` is swapped
+/// onto it with one rename, and each visible name is a symlink through `..data`. Called again,
+/// it rotates the files atomically; the previous version's directory is removed after the swap.
+pub fn write_secret(dir: &Path, files: &[(&str, &str)]) {
+    use std::os::unix::fs::symlink;
+    std::fs::create_dir_all(dir).unwrap();
+    let version = format!("..{}_{:x}", std::process::id(), rand_suffix());
+    let vdir = dir.join(&version);
+    std::fs::create_dir(&vdir).unwrap();
+    for (name, text) in files {
+        std::fs::write(vdir.join(name), text).unwrap();
+    }
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    symlink(&version, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    for (name, _) in files {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        let _ = std::fs::remove_dir_all(dir.join(old));
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// The Secret files of a region identity issued by `pki` (`ca.crt`, `tls.crt`, `tls.key`).
+pub fn identity_secret(dir: &Path, pki: &kvferry_peer::DevPki, region: &str) {
+    let (cert, key) = pki.issue(region).unwrap().to_pem();
+    write_secret(dir, &[("ca.crt", &pki.ca_pem()), ("tls.crt", &cert), ("tls.key", &key)]);
+}
+
+/// A `configure` step: this region's peer identity in `tls.mode = "files"`, issued by the
+/// cluster's dev CA into `<run_dir>/peer-tls` in the kubelet's layout ([`write_secret`]).
+pub fn peer_identity_from_files(c: &mut Config) {
+    let pki = kvferry_peer::DevPki::load_or_create(&c.tls.dev_dir, &c.trust_domain).unwrap();
+    let dir = c.run_dir.join("peer-tls");
+    identity_secret(&dir, &pki, &c.region);
+    c.tls.mode = kvferry_daemon::config::TlsMode::Files;
+    (c.tls.ca, c.tls.cert, c.tls.key) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+}
+
+impl Cluster {
+    /// The process id of `name` (for signals).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.procs.iter().find(|(n, _)| n == name).map(|(_, c)| c.id()).unwrap()
+    }
+
+    /// Sends SIGHUP to `name`.
+    pub fn sighup(&self, name: &str) {
+        let s = Command::new("kill").args(["-HUP", &self.pid(name).to_string()]).status().unwrap();
+        assert!(s.success(), "kill -HUP {name}");
+    }
+
+    /// Waits until `sample` in region `i`'s `/metrics` reaches `want` (bounded).
+    pub async fn wait_metric(&self, i: usize, sample: &str, want: f64) {
+        let t = Instant::now();
+        loop {
+            let m = self.metrics(i).await;
+            if metric(&m, sample) >= want {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{sample} never reached {want}:\n{m}\n--- daemon log:\n{}",
+                self.log(i, "daemon")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
