@@ -1,7 +1,9 @@
 //! Carrying out a planned migration: fetch into the landing zone, tell the engine to
 //! recompute, or both at once (split); with deadlines everywhere and a recompute fallback when
-//! a fetch cannot finish (source down, deadline). Blocks become visible only after their
-//! fetch returned `Ok` (every byte verified); a failed fetch leaves nothing behind.
+//! a fetch cannot finish (source down, deadline); before that fallback, a fetch whose source
+//! failed is retried from the next holder the plan ranked (`Prepared::alternates`). Blocks
+//! become visible only after their fetch returned `Ok` (every byte verified); a failed fetch
+//! leaves nothing behind.
 //!
 //! A fetch that may fall back does not get the whole deadline: it ends early enough for the
 //! target engine to recompute the prefix ([`fetch_deadline`]). A source that has sent no
@@ -54,17 +56,30 @@ pub async fn execute(
             receipt.tokens_ready = n;
             receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
         }
-        MigrationAction::Fetch => match fetch(shared, p, plan.fetch_from, plan.fetch_end, events).await {
-            Ok(r) => fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs),
-            Err(e) => fallback(shared, p, &mut receipt, e).await?,
-        },
+        MigrationAction::Fetch => {
+            let src = source_of(p)?;
+            match fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events).await {
+                Ok(r) => fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs),
+                Err(e) => match fetch_from_alternates(shared, p, plan, events, &src, &e).await {
+                    Some((alt, r)) => {
+                        fill_fetch(shared, &alt, &mut receipt, &r, plan.fetch_end * bs);
+                        receipt.fallback =
+                            format!("fetch from {src} failed ({e}); fetched from {alt} instead");
+                    }
+                    None => fallback(shared, p, &mut receipt, e).await?,
+                },
+            }
+        }
         MigrationAction::Split => {
             let k = plan.recompute_tokens;
-            let (rec, fet) =
-                tokio::join!(recompute(p, k), fetch(shared, p, plan.fetch_from, plan.fetch_end, events));
+            let src = source_of(p)?;
+            let (rec, fet) = tokio::join!(
+                recompute(p, k),
+                fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events)
+            );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
-                    fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs);
+                    fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs);
                     receipt.path = format!(
                         "{} + {} engine {}: prefill [0, {k})",
                         receipt.path, shared.config.region, p.engine.engine_id
@@ -88,13 +103,48 @@ pub async fn execute(
     Ok(receipt)
 }
 
-fn fill_fetch(shared: &Shared, p: &Prepared, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
+fn source_of(p: &Prepared) -> Result<String, DaemonError> {
+    p.source
+        .as_ref()
+        .map(|(s, _)| s.clone())
+        .ok_or_else(|| DaemonError::Internal("fetch without a source".into()))
+}
+
+/// A fetch from the chosen source failed: tries the other holders that hold the whole planned
+/// range, next best first, while the fetch deadline leaves time (not after a deadline error:
+/// then no time is left for another transfer). Returns the holder that served and its receipt.
+async fn fetch_from_alternates(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    plan: &Planned,
+    events: &Events,
+    failed: &str,
+    e: &DaemonError,
+) -> Option<(String, FetchReceipt)> {
+    if matches!(e, DaemonError::Deadline(_)) {
+        return None;
+    }
+    for (alt, held) in &p.alternates {
+        if (*held as usize) < plan.fetch_end || fetch_deadline(p) <= Instant::now() {
+            continue;
+        }
+        tracing::warn!(session = %p.session_id, failed, error = %e, next = %alt, "fetch failed; trying the next holder");
+        match fetch(shared, p, alt, plan.fetch_from, plan.fetch_end, events).await {
+            Ok(r) => return Some((alt.clone(), r)),
+            Err(e2) => {
+                tracing::warn!(session = %p.session_id, source = %alt, error = %e2, "the next holder failed too")
+            }
+        }
+    }
+    None
+}
+
+fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
     receipt.tokens_ready = ready_tokens as u64;
     receipt.bytes_moved = r.bytes;
     receipt.goodput_gbps = r.goodput_bps / 1e9;
     receipt.reconnects = r.reconnects;
     receipt.first_layer_s = r.first_layer.map_or(0.0, |d| d.as_secs_f64());
-    let src = p.source.as_ref().map_or("?", |(s, _)| s.as_str());
     receipt.path = format!(
         "{src} pool -> QUIC (mutual TLS, {} streams) -> {} landing zone",
         shared.config.transfer.streams, shared.config.region
@@ -158,15 +208,16 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     }
 }
 
-/// Fetches blocks `[from, end)` from the source into the landing zone.
+/// Fetches blocks `[from, end)` from `src` into the landing zone.
 async fn fetch(
     shared: &Arc<Shared>,
     p: &Prepared,
+    src: &str,
     from: usize,
     end: usize,
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
-    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::Internal("fetch without a source".into()))?;
+    let src = src.to_owned();
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
     let id =
         RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::Internal(e.to_string()))?;

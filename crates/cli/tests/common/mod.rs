@@ -1,6 +1,7 @@
-//! A two-region cluster of real processes (two `kvferry daemon`s, two `kvferry engine`s on
-//! loopback), configurable per region, for the CLI's integration tests: a change to each
-//! daemon's [`Config`] (written out with `Config::to_toml`), extra engine flags per region.
+//! A cluster of real processes (a `kvferry daemon` and a `kvferry engine` per region on
+//! loopback; two regions, or three with [`Cluster::start_regions`]), configurable per region,
+//! for the CLI's integration tests: a change to each daemon's [`Config`] (written out with
+//! `Config::to_toml`), extra engine flags per region.
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -16,13 +17,13 @@ use kvferry_proto::v1::{GenerateRequest, GenerateResponse, MigrateSessionRequest
 use tonic::transport::{Channel, Endpoint};
 
 pub const TENANT: &str = "tenant-it";
-pub const NAMES: [&str; 2] = ["region-a", "region-b"];
+pub const NAMES: [&str; 3] = ["region-a", "region-b", "region-c"];
 
 /// Per-region knobs.
 #[derive(Debug, Default, Clone)]
 pub struct RegionSpec {
-    /// Applied to the daemon's config after the cluster's own settings (its one peer is
-    /// `peers[0]`).
+    /// Applied to the daemon's config after the cluster's own settings (its peers are the
+    /// other regions in name order: with two regions, its one peer is `peers[0]`).
     pub configure: Option<fn(&mut Config)>,
     /// Extra `kvferry engine` flags (after the defaults; clap takes the last value).
     pub engine_args: Vec<String>,
@@ -33,8 +34,8 @@ pub struct RegionSpec {
 pub struct Cluster {
     pub root: tempfile::TempDir,
     pub procs: Vec<(String, Child)>,
-    pub grpc: [SocketAddr; 2],
-    pub http: [SocketAddr; 2],
+    pub grpc: Vec<SocketAddr>,
+    pub http: Vec<SocketAddr>,
 }
 
 impl Drop for Cluster {
@@ -105,15 +106,23 @@ impl Cluster {
         self.root.path().join("dev-ca")
     }
 
+    /// Two regions, A and B.
     pub fn start(specs: [RegionSpec; 2]) -> Self {
+        Self::start_regions(&specs)
+    }
+
+    /// One region per spec (at most three: A, B, C), every region a peer of every other.
+    pub fn start_regions(specs: &[RegionSpec]) -> Self {
+        let n = specs.len();
+        assert!((2..=NAMES.len()).contains(&n), "{n} regions");
         let root = tempfile::Builder::new().prefix("kvferry-it-").tempdir().unwrap();
-        let grpc = [free_tcp(), free_tcp()];
-        let http = [free_tcp(), free_tcp()];
-        let peer = [free_udp(), free_udp()];
+        let grpc: Vec<SocketAddr> = (0..n).map(|_| free_tcp()).collect();
+        let http: Vec<SocketAddr> = (0..n).map(|_| free_tcp()).collect();
+        let peer: Vec<SocketAddr> = (0..n).map(|_| free_udp()).collect();
         let dev = root.path().join("dev-ca");
         kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
         let mut procs = Vec::new();
-        for i in 0..2 {
+        for i in 0..n {
             let dir = root.path().join(NAMES[i]);
             std::fs::create_dir_all(&dir).unwrap();
             let mut cfg = Config {
@@ -121,13 +130,16 @@ impl Cluster {
                 trust_domain: "kvferry.e2e".into(),
                 run_dir: dir.clone(),
                 listen: Listen { grpc: grpc[i], peer: peer[i], http: http[i] },
-                peers: vec![Peer {
-                    region: NAMES[1 - i].into(),
-                    addr: peer[1 - i],
-                    gbps: 10.0,
-                    rtt_ms: 1.0,
-                    max_egress_gbps: 0.0,
-                }],
+                peers: (0..n)
+                    .filter(|&j| j != i)
+                    .map(|j| Peer {
+                        region: NAMES[j].into(),
+                        addr: peer[j],
+                        gbps: 10.0,
+                        rtt_ms: 1.0,
+                        max_egress_gbps: 0.0,
+                    })
+                    .collect(),
                 ..Config::default()
             };
             cfg.tls.dev_dir = dev.clone();
@@ -143,7 +155,7 @@ impl Cluster {
                 spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
             ));
         }
-        for (i, name) in NAMES.into_iter().enumerate() {
+        for (i, name) in NAMES.into_iter().take(n).enumerate() {
             let dir = root.path().join(name);
             wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
             if specs[i].no_engine {
@@ -169,7 +181,7 @@ impl Cluster {
             args.extend(specs[i].engine_args.iter().map(String::as_str));
             procs.push((id.clone(), spawn(&dir.join("engine.log"), &args)));
         }
-        for (i, name) in NAMES.into_iter().enumerate() {
+        for (i, name) in NAMES.into_iter().take(n).enumerate() {
             if !specs[i].no_engine {
                 wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
             }
