@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kvferry_proto::v1::migration_client::MigrationClient;
-use kvferry_proto::v1::{Decision, MigrateSessionRequest, PolicyMode, Receipt, migration_event};
+use kvferry_proto::v1::{
+    Decision, MigrateSessionRequest, PolicyMode, Receipt, ResidencyRequest, migration_event,
+};
 use tonic::transport::Channel;
 
 /// Waits until `region`'s engine has published the prefix, as C's plan sees it.
@@ -91,6 +93,25 @@ async fn the_third_region_fetches_from_the_better_holder_and_falls_back_to_the_o
         wait_held_in(&mut router_c, &req, "region-b").await;
     }
 
+    // The residency view: C holds nothing yet, A and B the whole prefix (A first: C's better
+    // source).
+    let view = router_c
+        .get_residency(ResidencyRequest {
+            tenant: TENANT.into(),
+            token_ids: convos[0].clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let held: Vec<(&str, u64, bool)> =
+        view.holdings.iter().map(|h| (h.region.as_str(), h.tokens, h.reachable)).collect();
+    assert_eq!(
+        (view.prefix_tokens, held),
+        (160, vec![("region-c", 0, true), ("region-a", 160, true), ("region-b", 160, true)]),
+        "{view:?}"
+    );
+
     // 1. Both hold it; the better link (A) is chosen, and the decision says why.
     let (d, r) = migrate(&mut cl, &mut router_c, ask_all("s3-1", &convos[0]), None).await;
     println!("decision: {d:?}\nreceipt: {r:?}");
@@ -135,6 +156,20 @@ async fn the_third_region_fetches_from_the_better_holder_and_falls_back_to_the_o
     let a = d.holdings.iter().find(|h| h.region == "region-a").expect("A is listed");
     assert!(!a.reachable && !a.note.is_empty(), "{d:?}");
     assert_eq!((r.action.as_str(), r.bytes_moved), ("fetch", 160 * 1024), "{r:?}");
+
+    // The residency view now: C holds the fetched prefix, A is unreachable.
+    let view = router_c
+        .get_residency(ResidencyRequest {
+            tenant: TENANT.into(),
+            token_ids: convos[3].clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &view.holdings[0];
+    assert_eq!((c.region.as_str(), c.tokens), ("region-c", 160), "{view:?}");
+    assert!(view.holdings.iter().any(|h| h.region == "region-a" && !h.reachable), "{view:?}");
 
     // The fetched prefix is usable in C: its engine's next turn loads it.
     let mut eng_c = cl.engine(2).await;

@@ -6,7 +6,8 @@
 //! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
 //! socket), [`http`] + [`metrics`] (observability), [`error`] (the one mapping to gRPC status),
-//! [`reload`] (certificate rotation: TLS files re-read on change and on SIGHUP).
+//! [`reload`] (certificate rotation: TLS files re-read on change and on SIGHUP), [`residency`]
+//! (which regions hold how much of a prefix, for routers).
 //!
 //! [`Daemon::start`] validates the [`Config`] again (a caller may have built it by hand) before
 //! it binds anything, and every listener is bound before it returns; `/readyz` reports them
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod plan;
 pub mod registry;
 pub mod reload;
+pub mod residency;
 pub mod router_tls;
 pub mod service;
 

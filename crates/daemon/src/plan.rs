@@ -110,6 +110,17 @@ pub async fn prepare(
     r: &MigrateSessionRequest,
     transport_timeout: Option<Duration>,
 ) -> Result<Prepared, DaemonError> {
+    prepare_with(shared, r, transport_timeout, false).await
+}
+
+/// [`prepare`]; with `ask_when_local`, the candidate holders are asked even when the whole
+/// prefix is ready here (the residency view reports every region).
+pub async fn prepare_with(
+    shared: &Arc<Shared>,
+    r: &MigrateSessionRequest,
+    transport_timeout: Option<Duration>,
+    ask_when_local: bool,
+) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
     if r.session_id.is_empty() {
         return Err(DaemonError::Invalid("session_id is required".into()));
@@ -209,7 +220,7 @@ pub async fn prepare(
         source_load: None,
         policy,
     };
-    if local_blocks == p.hashes.len() {
+    if local_blocks == p.hashes.len() && !ask_when_local {
         return Ok(p);
     }
     let regions: Vec<String> = if r.source_region.is_empty() && !r.source_regions.is_empty() {

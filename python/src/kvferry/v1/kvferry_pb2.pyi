@@ -67,6 +67,34 @@ class MigrateSessionRequest(_message.Message):
     source_regions: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., source_region: _Optional[str] = ..., target_engine: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., source_regions: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class ResidencyRequest(_message.Message):
+    __slots__ = ("tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "regions", "deadline_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    model_id: str
+    layout_fingerprint: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    deadline_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., regions: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class ResidencyResponse(_message.Message):
+    __slots__ = ("region", "prefix_tokens", "holdings")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    prefix_tokens: int
+    holdings: _containers.RepeatedCompositeFieldContainer[Holding]
+    def __init__(self, region: _Optional[str] = ..., prefix_tokens: _Optional[int] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ...) -> None: ...
+
 class Holding(_message.Message):
     __slots__ = ("region", "tokens", "reachable", "predicted_s", "note")
     REGION_FIELD_NUMBER: _ClassVar[int]
