@@ -192,6 +192,8 @@ impl Daemon {
         config.validate()?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
+        // Stamped before the load: a rotation between the load and the first poll still counts.
+        let watched = reload::Reloader::watch_files(&config);
         let (identity, roots) = tls_material(&config)?;
         if identity.id.region != config.region || identity.id.trust_domain != config.trust_domain {
             anyhow::bail!(
@@ -311,7 +313,7 @@ impl Daemon {
         tasks.push(tokio::spawn(http::serve(http, Arc::new(routes))).abort_handle());
 
         // Certificate rotation: TLS files re-read when they change and on SIGHUP.
-        let reloader = Arc::new(reload::Reloader::new(shared.clone(), router_tls));
+        let reloader = Arc::new(reload::Reloader::new(shared.clone(), router_tls, watched));
         let poll = Duration::from_millis(shared.config.tls.reload_poll_ms);
         tasks.push(tokio::spawn(reloader.clone().watch(poll)).abort_handle());
 

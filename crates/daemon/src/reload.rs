@@ -119,24 +119,25 @@ impl std::fmt::Debug for Reloader {
 }
 
 impl Reloader {
-    /// A reloader over the files the config names (none in dev mode).
-    pub fn new(shared: Arc<Shared>, router: Option<Arc<RouterTlsConfig>>) -> Self {
-        let c = &shared.config;
+    /// The files the config names for the peer and the router listener (none in dev mode),
+    /// stamped now: take them *before* loading the material at start, so that a rotation
+    /// landing between the load and the first poll is still seen as a change.
+    pub fn watch_files(c: &crate::Config) -> (Watched, Watched) {
         let peer = match c.tls.mode {
             TlsMode::Files => vec![c.tls.ca.clone(), c.tls.cert.clone(), c.tls.key.clone()],
             TlsMode::Dev => Vec::new(),
         };
         let r = &c.router_tls;
-        let router_paths = match r.mode {
+        let router = match r.mode {
             RouterTlsMode::Files => vec![r.cert.clone(), r.key.clone(), r.client_ca.clone()],
             RouterTlsMode::Off | RouterTlsMode::Dev => Vec::new(),
         };
-        Self {
-            router,
-            peer_files: Mutex::new(Watched::new(peer)),
-            router_files: Mutex::new(Watched::new(router_paths)),
-            shared,
-        }
+        (Watched::new(peer), Watched::new(router))
+    }
+
+    /// A reloader over `files` ([`Reloader::watch_files`], stamped before the initial load).
+    pub fn new(shared: Arc<Shared>, router: Option<Arc<RouterTlsConfig>>, files: (Watched, Watched)) -> Self {
+        Self { router, peer_files: Mutex::new(files.0), router_files: Mutex::new(files.1), shared }
     }
 
     /// Reloads `which` now, whether or not its files changed, and logs and counts the outcome.
