@@ -29,7 +29,7 @@ fn request(session: &str, tokens: &[u32], mode: PolicyMode, allow_split: bool) -
         token_ids: tokens.to_vec(),
         source_region: "region-a".into(),
         deadline_ms: 900_000,
-        policy: Some(Policy { mode: mode as i32, allow_split, max_egress_bytes: 0 }),
+        policy: Some(Policy { mode: mode as i32, allow_split, max_egress_bytes: 0, allow_hedge: false }),
         ..Default::default()
     }
 }

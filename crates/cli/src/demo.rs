@@ -243,7 +243,12 @@ async fn demo_body(a: &DemoArgs, regions: &[Region], procs: &mut Procs) -> anyho
         token_ids: convo.clone(),
         source_region: "region-a".into(),
         deadline_ms: 30_000,
-        policy: Some(Policy { mode: mode as i32, allow_split: a.allow_split, max_egress_bytes: 0 }),
+        policy: Some(Policy {
+            mode: mode as i32,
+            allow_split: a.allow_split,
+            max_egress_bytes: 0,
+            allow_hedge: false,
+        }),
         ..Default::default()
     };
     println!("\n[router] MigrateSession(session demo-session-1, {} tokens) -> region-b", convo.len());

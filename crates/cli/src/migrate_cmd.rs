@@ -32,6 +32,10 @@ pub struct MigrateArgs {
     pub mode: String,
     #[arg(long)]
     pub allow_split: bool,
+    /// Allow a hedge (fetch and recompute at once, first to finish wins) when the calibrated
+    /// bands straddle the crossover (the daemon's `policy.hedge` must be `on_request`).
+    #[arg(long)]
+    pub allow_hedge: bool,
     #[arg(long, default_value_t = 0)]
     pub max_egress_bytes: u64,
     /// Bearer token for the router API.
@@ -164,6 +168,7 @@ pub fn request(a: &MigrateArgs) -> anyhow::Result<MigrateSessionRequest> {
             mode: mode as i32,
             allow_split: a.allow_split,
             max_egress_bytes: a.max_egress_bytes,
+            allow_hedge: a.allow_hedge,
         }),
         ..Default::default()
     })

@@ -9,26 +9,11 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, RegionSpec, TENANT, generate, request, tokens};
+use common::{Cluster, RegionSpec, TENANT, generate, migrate, request, tokens};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
-use kvferry_proto::v1::{
-    Action, Decision, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode, Receipt, migration_event,
-};
+use kvferry_proto::v1::{Action, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode};
 use tonic::transport::Channel;
-
-async fn migrate(c: &mut MigrationClient<Channel>, req: MigrateSessionRequest) -> (Decision, Receipt) {
-    let mut s = c.migrate_session(req).await.unwrap().into_inner();
-    let (mut d, mut r) = (None, None);
-    while let Some(ev) = s.message().await.unwrap() {
-        match ev.event {
-            Some(migration_event::Event::Decision(x)) => d = Some(x),
-            Some(migration_event::Event::Receipt(x)) => r = Some(x),
-            _ => {}
-        }
-    }
-    (d.expect("a decision"), r.expect("a receipt"))
-}
 
 /// The next turn in region B, warm and from scratch, must agree bit for bit.
 async fn assert_warm_equals_cold(b: &mut ReferenceEngineClient<Channel>, convo: &[u32], min_ready: u64) {
@@ -93,6 +78,7 @@ async fn two_regions_end_to_end() {
         mode: PolicyMode::Auto as i32,
         allow_split: true,
         max_egress_bytes: (bytes_per_token * 160.0) as u64,
+        allow_hedge: false,
     });
     let (d, r) = migrate(&mut router_b, req).await;
     assert_eq!(d.action, "split", "{d:?}");

@@ -1,9 +1,10 @@
 //! Three regions of real processes (three `kvferry daemon`s, three `kvferry engine`s, real QUIC
 //! and mutual TLS on loopback): a session whose prefix is held in A and B is fetched by C.
 //!
-//! C's links differ: A is the better link as C knows it (10 Gbit/s expected vs 0.05 for B, RTTs
-//! measured live by the queries); A's real egress to C is capped (250 kB/s) so that a fetch
-//! from A takes seconds. With `source_region` empty, C asks both, ranks the holders by when
+//! C's links differ: A's egress to C is capped at 2 Mbit/s (A reports the cap in its answers,
+//! so C prices it), B is expected at 0.5 Mbit/s (C's configured figure until measured; its
+//! real link is loopback); RTTs are measured live by the queries. So A is the better link as C
+//! knows it, and a fetch from A takes seconds. With `source_region` empty, C asks both, ranks the holders by when
 //! each would make the prefix ready (`kvferry_model::rank_sources`), fetches from A and says
 //! why in the decision; a router naming `source_regions` narrows the candidates; A killed in
 //! the middle of a fetch makes C fetch from B instead (not recompute); and with A down before
@@ -65,7 +66,7 @@ async fn the_third_region_fetches_from_the_better_holder_and_falls_back_to_the_o
     let c = RegionSpec {
         configure: Some(|c| {
             // peers: [region-a, region-b]
-            c.peers[1].gbps = 0.05;
+            c.peers[1].gbps = 0.0005;
             // Small chunks, so progress shows bytes landing while A is still sending. The idle
             // timeout stays above the requester's 2 s re-ask of missing chunks (a 1 s one stalls a
             // fetch whose last chunk needed the re-ask before it is asked).

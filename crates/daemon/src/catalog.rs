@@ -165,6 +165,11 @@ impl EgressCaps {
         Self { by_region }
     }
 
+    /// The cap toward `peer`, bits/s (0: none).
+    fn cap_bps(&self, peer: &RegionId) -> u64 {
+        self.by_region.get(&peer.region).map_or(0, |p| (p.bytes_per_s * 8.0) as u64)
+    }
+
     fn wrap(&self, peer: &RegionId, source: Arc<dyn ChunkSource>) -> Arc<dyn ChunkSource> {
         match self.by_region.get(&peer.region) {
             Some(p) => Arc::new(Paced { pacer: p.clone(), inner: source }),
@@ -209,6 +214,7 @@ impl BlockCatalog for RegionCatalog {
     fn open(&self, peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)> {
         let mut served = self.open_unpaced(peer, req)?;
         served.source = self.faults.wrap(&req.tenant, self.egress.wrap(peer, served.source));
+        served.egress_cap_bps = self.egress.cap_bps(peer);
         Ok(served)
     }
 }
@@ -263,6 +269,7 @@ impl RegionCatalog {
                     layers: shape.layers(),
                     bytes_per_block_layer: shape.layer_bytes(0),
                     source,
+                    egress_cap_bps: 0,
                 });
             }
             if e.blocks.locked().get(first).is_some_and(|h| h.tenant != req.tenant) {
@@ -282,6 +289,7 @@ impl RegionCatalog {
                 layers: shape.layers(),
                 bytes_per_block_layer: shape.layer_bytes(0),
                 source: Arc::new(LandedSource { shape, blocks: landed }),
+                egress_cap_bps: 0,
             });
         }
         if self.landing.owner_of(first).is_some_and(|t| t != req.tenant) {

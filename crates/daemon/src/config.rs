@@ -308,6 +308,37 @@ pub struct PolicyDefaults {
     pub eviction_hints: bool,
     /// Fraction of an engine's pool in use (blocks it reported stored) from which hints are sent.
     pub eviction_hint_pool_use: f64,
+    /// Decide from calibrated costs: every executed fetch and recompute refits the link's fixed
+    /// and per-byte cost and the engine's wall-time prefill cost (`kvferry_model::calibration`).
+    /// `false`: the live estimator's figures and the engine's reported profile, uncorrected.
+    pub calibrate: bool,
+    /// Hedging (recompute and fetch at once, keep the first to finish) when the calibrated
+    /// bands straddle the crossover: `off`, `on_request` (when the request's policy sets
+    /// `allow_hedge`) or `always`.
+    pub hedge: HedgeMode,
+    /// Bands are `seconds ± hedge_band_z · sd`; a hedge is considered only where they overlap.
+    pub hedge_band_z: f64,
+    /// Smallest expected relative gain of a hedge over the better pure action.
+    pub hedge_min_gain: f64,
+    /// Cost cap: the most target-compute seconds a hedge may be expected to waste on a
+    /// recompute that loses, in ms (0: no cap).
+    pub hedge_max_wasted_compute_ms: f64,
+    /// Relative slowdown of each leg while the other runs beside it (they share this host's
+    /// cores when the engine prefills on CPU).
+    pub hedge_interference: f64,
+}
+
+/// When the daemon hedges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum HedgeMode {
+    /// Never.
+    Off,
+    /// When the request's policy sets `allow_hedge`.
+    #[default]
+    OnRequest,
+    /// Whenever the bands straddle, asked or not.
+    Always,
 }
 
 impl Default for Config {
@@ -382,6 +413,12 @@ impl Default for PolicyDefaults {
             split_min_gain: 0.05,
             eviction_hints: true,
             eviction_hint_pool_use: 0.9,
+            calibrate: true,
+            hedge: HedgeMode::OnRequest,
+            hedge_band_z: 1.0,
+            hedge_min_gain: 0.02,
+            hedge_max_wasted_compute_ms: 0.0,
+            hedge_interference: 0.0,
         }
     }
 }
@@ -537,6 +574,18 @@ impl Config {
         if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
             return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
         }
+        if !(p.hedge_band_z.is_finite() && p.hedge_band_z >= 0.0) {
+            return Err(invalid("policy.hedge_band_z", "must be >= 0"));
+        }
+        if !(0.0..1.0).contains(&p.hedge_min_gain) {
+            return Err(invalid("policy.hedge_min_gain", "must be in [0, 1)"));
+        }
+        if !(p.hedge_max_wasted_compute_ms.is_finite() && p.hedge_max_wasted_compute_ms >= 0.0) {
+            return Err(invalid("policy.hedge_max_wasted_compute_ms", "must be >= 0"));
+        }
+        if !(p.hedge_interference.is_finite() && p.hedge_interference >= 0.0) {
+            return Err(invalid("policy.hedge_interference", "must be >= 0"));
+        }
         if !(0.0..=1.0).contains(&p.split_min_gain) {
             return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
         }
@@ -598,6 +647,9 @@ mod tests {
                 "peers[0].max_egress_gbps",
             ),
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
+            ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
+            ("[policy]\nhedge_band_z = -1", "policy.hedge_band_z"),
+            ("[policy]\nhedge_interference = -0.5", "policy.hedge_interference"),
             ("[policy]\neviction_hint_pool_use = 1.5", "policy.eviction_hint_pool_use"),
         ];
         for (text, field) in cases {

@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use kvferry_model::MigrationAction;
 use kvferry_model::migration::fallback_reserve_s;
+use kvferry_model::{FetchObservation, MigrationAction, RecomputeObservation};
 use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
 use kvferry_proto::v1::{
     DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command, migration_event,
@@ -35,6 +35,15 @@ type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
 /// Smallest fetch whose goodput feeds the link estimator.
 const GOODPUT_SAMPLE_MIN_BYTES: u64 = 4 << 20;
 
+/// Aborts a spawned task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Runs the plan; returns the receipt.
 pub async fn execute(
     shared: &Arc<Shared>,
@@ -47,14 +56,16 @@ pub async fn execute(
     let mut receipt = Receipt { predicted_s: plan.predicted_s, ..Default::default() };
     set_receipt_action(&mut receipt, plan.action);
     match plan.action {
+        MigrationAction::Fetch | MigrationAction::Recompute if plan.hedge.is_some() => {
+            hedge(shared, p, plan, events, &mut receipt).await?;
+        }
         MigrationAction::AlreadyLocal => {
             receipt.tokens_ready = (p.local_blocks * bs) as u64;
             receipt.path = format!("{}: already in this region", shared.config.region);
         }
         MigrationAction::Recompute => {
-            let n = recompute(p, plan.recompute_tokens).await?;
-            receipt.tokens_ready = n;
-            receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
+            let n = recompute(shared, p, plan.recompute_tokens).await?;
+            fill_recompute(shared, p, &mut receipt, n);
         }
         MigrationAction::Fetch => {
             let src = source_of(p)?;
@@ -74,7 +85,7 @@ pub async fn execute(
             let k = plan.recompute_tokens;
             let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
-                recompute(p, k),
+                recompute(shared, p, k),
                 fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events)
             );
             match (rec, fet) {
@@ -101,6 +112,74 @@ pub async fn execute(
         shared.metrics.last_prediction_error.set(err);
     }
     Ok(receipt)
+}
+
+fn fill_recompute(shared: &Shared, p: &Prepared, receipt: &mut Receipt, tokens: u64) {
+    set_receipt_action(receipt, MigrationAction::Recompute);
+    receipt.tokens_ready = tokens;
+    receipt.path = format!("{} engine {}: local prefill", shared.config.region, p.engine.engine_id);
+}
+
+/// Runs a hedge: the fetch of blocks `[0, hedge_fetch_end)` and the recompute of the whole
+/// prefix start together; the first to finish `Ok` is the migration's action and the other
+/// is cancelled. A fetch dropped before it returned commits nothing (its landing reservation
+/// is released; no block becomes visible). A recompute the engine already started finishes
+/// there (the Engine API has no cancel), and the time it ran until the winner finished is
+/// accounted as wasted (`hedge_loser_s`, `kvferry_hedge_wasted_milliseconds_total`). When the first
+/// to finish failed, the other is awaited.
+async fn hedge(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    plan: &Planned,
+    events: &Events,
+    receipt: &mut Receipt,
+) -> Result<(), DaemonError> {
+    enum First {
+        Fetch(Result<FetchReceipt, DaemonError>),
+        Recompute(Result<u64, DaemonError>),
+    }
+    let bs = p.block_size as usize;
+    let total = p.hashes.len() * bs;
+    let started = Instant::now();
+    let src = source_of(p)?;
+    let fetch_leg = fetch(shared, p, &src, 0, plan.hedge_fetch_end, events);
+    let recompute_leg = recompute(shared, p, total);
+    tokio::pin!(fetch_leg, recompute_leg);
+    receipt.hedged = true;
+    let first = tokio::select! {
+        f = &mut fetch_leg => First::Fetch(f),
+        r = &mut recompute_leg => First::Recompute(r),
+    };
+    let loser_s = started.elapsed().as_secs_f64();
+    let m = &shared.metrics;
+    match first {
+        First::Fetch(Ok(r)) => {
+            fill_fetch(shared, &src, receipt, &r, plan.hedge_fetch_end * bs);
+            set_receipt_action(receipt, MigrationAction::Fetch);
+            receipt.hedge_loser_s = loser_s;
+            m.hedges_fetch_won.inc();
+            m.hedge_wasted_ms.add((loser_s * 1e3) as u64);
+        }
+        First::Recompute(Ok(n)) => {
+            fill_recompute(shared, p, receipt, n);
+            receipt.hedge_loser_s = loser_s;
+            m.hedges_recompute_won.inc();
+        }
+        First::Fetch(Err(e)) => {
+            tracing::warn!(session = %p.session_id, error = %e, "hedge: the fetch failed; keeping the recompute");
+            let n = recompute_leg.await?;
+            fill_recompute(shared, p, receipt, n);
+            m.hedges_recompute_won.inc();
+        }
+        First::Recompute(Err(e)) => {
+            tracing::warn!(session = %p.session_id, error = %e, "hedge: the recompute failed; keeping the fetch");
+            let r = fetch_leg.await?;
+            fill_fetch(shared, &src, receipt, &r, plan.hedge_fetch_end * bs);
+            set_receipt_action(receipt, MigrationAction::Fetch);
+            m.hedges_fetch_won.inc();
+        }
+    }
+    Ok(())
 }
 
 fn source_of(p: &Prepared) -> Result<String, DaemonError> {
@@ -166,7 +245,7 @@ async fn fallback(
         return Err(e);
     }
     tracing::warn!(session = %p.session_id, error = %e, "fetch failed; recomputing instead");
-    let n = recompute(p, total).await?;
+    let n = recompute(shared, p, total).await?;
     set_receipt_action(receipt, MigrationAction::Recompute);
     receipt.fallback = format!("fetch failed ({e}); recomputed instead");
     receipt.tokens_ready = n;
@@ -177,10 +256,13 @@ async fn fallback(
 }
 
 /// Tells the target engine to prefill `tokens[..n]` and waits for it, within the deadline.
-async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+/// A completed recompute's wall time (command to acknowledgement) feeds the engine's
+/// calibration.
+async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
+    let started = Instant::now();
     let sender =
         p.engine.commands.locked().clone().ok_or_else(|| {
             DaemonError::Unavailable(format!("engine {} is not attached", p.engine.engine_id))
@@ -188,6 +270,14 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     let (tx, rx) = oneshot::channel();
     let key = format!("{}#{:x}", p.session_id, rand::random::<u64>());
     p.engine.recompute_waiters.locked().insert(key.clone(), tx);
+    // However this ends (answer, deadline, or a hedge dropping it), the waiter goes.
+    struct Forget<'a>(&'a crate::registry::EngineEntry, &'a str);
+    impl Drop for Forget<'_> {
+        fn drop(&mut self) {
+            self.0.recompute_waiters.locked().remove(self.1);
+        }
+    }
+    let _forget = Forget(&p.engine, &key);
     let cmd = DaemonCommand {
         command: Some(daemon_command::Command::Recompute(Recompute {
             session_id: key.clone(),
@@ -198,17 +288,29 @@ async fn recompute(p: &Prepared, n: usize) -> Result<u64, DaemonError> {
     sender.send(Ok(cmd)).await.map_err(|_| DaemonError::Unavailable("engine detached".into()))?;
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     match tokio::time::timeout(remaining, rx).await {
-        Ok(Ok(Ok(tokens))) => Ok(tokens),
+        Ok(Ok(Ok(tokens))) => {
+            if shared.config.policy.calibrate {
+                let obs = RecomputeObservation {
+                    new_tokens: n as u64,
+                    cached_tokens: 0,
+                    load: p.engine_load,
+                    seconds: started.elapsed().as_secs_f64(),
+                };
+                let profile = *p.engine.profile.locked();
+                shared.calib.observe_recompute(&p.engine.engine_id, profile, obs);
+            }
+            Ok(tokens)
+        }
         Ok(Ok(Err(e))) => Err(DaemonError::Internal(format!("engine recompute failed: {e}"))),
         Ok(Err(_)) => Err(DaemonError::Unavailable("engine detached during recompute".into())),
         Err(_) => {
-            p.engine.recompute_waiters.locked().remove(&key);
             Err(DaemonError::Deadline("the engine did not finish recomputing before the deadline".into()))
         }
     }
 }
 
-/// Fetches blocks `[from, end)` from `src` into the landing zone.
+/// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
+/// wall time (request to the last verified block landed) feeds the link's calibration.
 async fn fetch(
     shared: &Arc<Shared>,
     p: &Prepared,
@@ -217,6 +319,7 @@ async fn fetch(
     end: usize,
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
+    let started = Instant::now();
     let src = src.to_owned();
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::NotFound(src.clone()))?;
     let id =
@@ -235,7 +338,9 @@ async fn fetch(
         deadline: fetch_deadline(p),
     };
     let _active = shared.links.begin(&src);
-    let progress = {
+    // Aborted when this future ends or is dropped (a hedge cancels a fetch by dropping it):
+    // the reporter holds a sender of the migration's stream, which must close with the work.
+    let progress = AbortOnDrop({
         let (landed, events) = (sink.landed_bytes.clone(), events.clone());
         let t0 = Instant::now();
         tokio::spawn(async move {
@@ -253,7 +358,7 @@ async fn fetch(
                 }
             }
         })
-    };
+    });
     let silent_limit = 2 * Duration::from_millis(shared.config.transfer.idle_timeout_ms);
     let watchdog = {
         let landed = sink.landed_bytes.clone();
@@ -273,7 +378,6 @@ async fn fetch(
     let result = tokio::select! {
         r = shared.node.fetch(&id, peer.addr, spec, sink.clone()) => r,
         silent = watchdog => {
-            progress.abort();
             tracing::warn!(source = %src, silent_s = silent.as_secs_f64(), landed = sink.landed_bytes.load(Ordering::Relaxed),
                 "no verified byte from the source; abandoning the fetch");
             return Err(DaemonError::Unavailable(format!(
@@ -282,7 +386,7 @@ async fn fetch(
             )));
         }
     };
-    progress.abort();
+    drop(progress);
     let r = result.map_err(|e| match e {
         kvferry_wire::WireError::DeadlineExceeded => {
             DaemonError::Deadline("the fetch did not finish before the deadline".into())
@@ -308,6 +412,16 @@ async fn fetch(
         shared.links.record_goodput(&src, r.bytes, secs);
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
+    if shared.config.policy.calibrate
+        && let Some(fig) = p.figures
+    {
+        let obs = FetchObservation {
+            wire_bytes: r.bytes,
+            seconds: started.elapsed().as_secs_f64(),
+            rtt_s: r.rtt.as_secs_f64(),
+        };
+        shared.calib.observe_fetch(&src, &fig, obs);
+    }
     Ok(r)
 }
 

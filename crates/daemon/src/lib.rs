@@ -15,6 +15,7 @@
 //! ([`http`]).
 
 pub mod blockbuf;
+pub mod calib;
 pub mod catalog;
 pub mod config;
 pub mod engine_api;
@@ -52,6 +53,8 @@ pub struct Shared {
     pub metrics: Arc<metrics::Metrics>,
     pub node: Arc<PeerNode>,
     pub migrations: Arc<Semaphore>,
+    /// Fetch and recompute calibrations learnt from executed migrations.
+    pub calib: calib::Calibrations,
 }
 
 impl std::fmt::Debug for Shared {
@@ -247,6 +250,7 @@ impl Daemon {
         let shared = Arc::new(Shared {
             links: links::LinkTable::new(&config.peers),
             migrations: Arc::new(Semaphore::new(config.limits.max_concurrent_migrations as usize)),
+            calib: calib::Calibrations::default(),
             config,
             registry,
             landing,

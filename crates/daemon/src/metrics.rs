@@ -50,6 +50,11 @@ pub struct Metrics {
     pub lookup_hit_tokens: Counter,
     pub lookup_tokens: Counter,
     pub eviction_hint_blocks: Counter,
+    /// Hedged migrations by the leg that finished first.
+    pub hedges_fetch_won: Counter,
+    pub hedges_recompute_won: Counter,
+    /// Milliseconds a losing hedged recompute had run when the fetch won.
+    pub hedge_wasted_ms: Counter,
     /// TLS reloads by listener (peer, router) and result.
     pub tls_reloads_peer: Counter,
     pub tls_refused_peer: Counter,
@@ -128,6 +133,19 @@ impl Metrics {
             "kvferry_eviction_hint_blocks_total",
             "Blocks engines were hinted to evict (served in full to a peer, pool under pressure).",
             &[("", self.eviction_hint_blocks.get())],
+        );
+        counter(
+            "kvferry_hedges_total",
+            "Hedged migrations (fetch and recompute started together) by the leg that finished first.",
+            &[
+                ("winner=\"fetch\"", self.hedges_fetch_won.get()),
+                ("winner=\"recompute\"", self.hedges_recompute_won.get()),
+            ],
+        );
+        counter(
+            "kvferry_hedge_wasted_milliseconds_total",
+            "Milliseconds losing hedged recomputes had run when the fetch won.",
+            &[("", self.hedge_wasted_ms.get())],
         );
         counter(
             "kvferry_lookup_tokens_total",

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 use kvferry_layout::BlockHash;
 use kvferry_model::migration::{Holdings, Measured, compute_utilization, fetch_utilization};
 use kvferry_model::{
-    Decision as ModelDecision, KvFootprint, KvShape, MigrationAction, Mode, PlanError, PlanReason, Policy,
-    plan_migration,
+    Decision as ModelDecision, FetchCalibration, HedgeDecision, HedgePolicy, KvFootprint, KvShape,
+    MigrationAction, Mode, PlanError, PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
 };
 use kvferry_model::{HolderOffer, SourcePricing, rank_sources, ready_seconds};
 use kvferry_proto::v1::{Candidate, Decision, Holding, LinkState, MigrateSessionRequest, PolicyMode};
@@ -48,6 +48,13 @@ pub struct Prepared {
     /// The source's serving load, from its answer to the query.
     pub source_load: Option<kvferry_wire::frame::LoadReport>,
     pub policy: Policy,
+    /// The source link's and the engine's calibrations as of the decision (`None` with
+    /// `policy.calibrate = false`), and the engine load they are evaluated at.
+    pub fetch_cal: Option<FetchCalibration>,
+    pub recompute_cal: Option<RecomputeCalibration>,
+    pub engine_load: f64,
+    /// What a hedge may do here (`allow` false: no hedge for this request).
+    pub hedge_policy: HedgePolicy,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -70,6 +77,14 @@ pub struct Planned {
     pub fetch_end: usize,
     pub recompute_tokens: usize,
     pub predicted_s: f64,
+    /// The calibrated predictions of the two pure actions, with their bands (when the model
+    /// was asked and calibration is on).
+    pub fetch_prediction: Option<Prediction>,
+    pub recompute_prediction: Option<Prediction>,
+    /// Run the other pure action beside `action` and keep the first to finish
+    /// ([`kvferry_model::plan_hedge`]); the fetch leg takes blocks `[0, hedge_fetch_end)`.
+    pub hedge: Option<HedgeDecision>,
+    pub hedge_fetch_end: usize,
 }
 
 /// Parses `grpc-timeout` (`<digits><unit>`, unit one of H M S m u n).
@@ -85,6 +100,26 @@ pub fn grpc_timeout(v: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(n),
         _ => return None,
     })
+}
+
+fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest) -> HedgePolicy {
+    use crate::config::HedgeMode;
+    let c = &shared.config.policy;
+    let asked = r.policy.is_some_and(|p| p.allow_hedge);
+    HedgePolicy {
+        allow: c.calibrate
+            && match c.hedge {
+                HedgeMode::Off => false,
+                HedgeMode::OnRequest => asked,
+                HedgeMode::Always => true,
+            },
+        band_z: c.hedge_band_z,
+        fetch_interference: c.hedge_interference,
+        recompute_interference: c.hedge_interference,
+        min_gain: c.hedge_min_gain,
+        max_wasted_compute_s: (c.hedge_max_wasted_compute_ms > 0.0)
+            .then(|| c.hedge_max_wasted_compute_ms / 1000.0),
+    }
 }
 
 fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
@@ -200,6 +235,10 @@ pub async fn prepare_with(
         })
         .count();
     let policy = policy_of(shared, r, block_size);
+    let engine_load = {
+        let u = engine.load.locked().utilization;
+        if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
+    };
 
     let mut p = Prepared {
         session_id: r.session_id.clone(),
@@ -219,6 +258,10 @@ pub async fn prepare_with(
         figures: None,
         source_load: None,
         policy,
+        fetch_cal: None,
+        recompute_cal: None,
+        engine_load,
+        hedge_policy: hedge_policy_of(shared, r),
     };
     if local_blocks == p.hashes.len() && !ask_when_local {
         return Ok(p);
@@ -274,6 +317,13 @@ pub async fn prepare_with(
         }
     }
     choose_source(shared, &mut p, answers, holdings);
+    if shared.config.policy.calibrate {
+        if let (Some((region, _)), Some(fig)) = (&p.source, &p.figures) {
+            p.fetch_cal = shared.calib.fetch(region, fig);
+        }
+        let profile = *p.engine.profile.locked();
+        p.recompute_cal = shared.calib.recompute(&p.engine.engine_id, profile);
+    }
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));
     }
@@ -302,7 +352,8 @@ fn choose_source(
     let offers: Vec<HolderOffer> = answers
         .iter()
         .map(|(region, held, load)| {
-            let f = shared.links.figures(region);
+            // The holder's own egress cap (from its answer) bounds what its link can give.
+            let f = shared.links.figures(region).map(|f| capped(f, load.as_ref()));
             HolderOffer {
                 blocks_held: u64::from(*held),
                 rtt_s: f.map_or(f64::INFINITY, |f| f.rtt_s),
@@ -328,7 +379,7 @@ fn choose_source(
     let Some(&best) = ranked.first() else { return };
     p.source = Some((answers[best].0.clone(), answers[best].1));
     p.source_load = answers[best].2;
-    p.figures = shared.links.figures(&answers[best].0);
+    p.figures = shared.links.figures(&answers[best].0).map(|f| capped(f, answers[best].2.as_ref()));
     p.alternates = ranked[1..].iter().map(|&i| (answers[i].0.clone(), answers[i].1)).collect();
     if ranked.len() > 1 {
         let others: Vec<String> = p.holdings[1..ranked.len()]
@@ -361,8 +412,24 @@ pub fn footprint(e: &EngineEntry) -> Result<KvFootprint, DaemonError> {
     .map_err(|x| DaemonError::Internal(x.to_string()))
 }
 
+/// The link figures priced at no more than the source's egress cap toward this region (from
+/// its load report; 0: none), whatever the link could carry.
+pub fn capped(mut f: Figures, load: Option<&kvferry_wire::frame::LoadReport>) -> Figures {
+    if let Some(cap) = load.map(|l| l.egress_cap_bps).filter(|&c| c > 0) {
+        f.goodput_bps = f.goodput_bps.min(cap as f64);
+    }
+    f
+}
+
+/// Tokens the model prices: the source's blocks beyond the local ones.
+fn priced_tokens(p: &Prepared) -> u64 {
+    let held = p.source.as_ref().map_or(0, |(_, n)| u64::from(*n));
+    held.saturating_sub(p.local_blocks as u64) * u64::from(p.block_size)
+}
+
 /// The plain inputs of the cost comparison: the engine's layout and profile, the link
-/// figures, both paths' loads. `None` when nothing was measured about a source.
+/// figures, both paths' loads, with the calibrations applied
+/// ([`kvferry_model::calibrated`]). `None` when nothing was measured about a source.
 fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
     let Some(fig) = p.figures else { return Ok(None) };
     let prof = *p.engine.profile.locked();
@@ -370,7 +437,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         let l = p.engine.load.locked();
         compute_utilization(l.queue_depth, l.utilization)
     };
-    Ok(Some(Measured {
+    let m = Measured {
         kv: footprint(&p.engine)?,
         linear_s_per_token: prof.linear_s_per_token,
         attention_s_per_pair: prof.attention_s_per_pair,
@@ -378,7 +445,27 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         rtt_s: fig.rtt_s,
         fetch_utilization: source_utilization(p),
         compute_utilization,
-    }))
+    };
+    kvferry_model::calibrated(
+        &m,
+        p.fetch_cal.as_ref(),
+        p.recompute_cal.as_ref(),
+        p.engine_load,
+        priced_tokens(p),
+    )
+    .map(Some)
+    .map_err(|e| DaemonError::Internal(format!("calibration: {e}")))
+}
+
+/// The calibrated predictions (mean and band) of fetching and of recomputing what the model
+/// priced, when the model was asked.
+fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Prediction>, Option<Prediction>) {
+    let (Some(d), Some(fig)) = (model, p.figures) else { return (None, None) };
+    let tokens = priced_tokens(p);
+    let bytes = (tokens as f64 * d.bytes_per_token) as u64;
+    let fetch = p.fetch_cal.as_ref().and_then(|c| c.predict(bytes, fig.rtt_s).ok());
+    let recompute = p.recompute_cal.as_ref().and_then(|c| c.predict(tokens, 0, p.engine_load).ok());
+    (fetch, recompute)
 }
 
 /// The source's fetch-path utilization from its answer to the query (0 without one).
@@ -409,7 +496,19 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             )),
             other => DaemonError::Internal(other.to_string()),
         })?;
+    let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
+    let hedge = kvferry_model::plan_hedge(
+        &plan,
+        &holdings,
+        fetch_prediction.as_ref(),
+        recompute_prediction.as_ref(),
+        &p.hedge_policy,
+    );
     Ok(Planned {
+        fetch_prediction,
+        recompute_prediction,
+        hedge,
+        hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
         reason: reason(&plan.reason),
         model: plan.model,
@@ -437,7 +536,7 @@ pub fn set_receipt_action(r: &mut kvferry_proto::v1::Receipt, a: MigrationAction
     r.kind = action_to_proto(a).into();
 }
 
-fn candidate(a: MigrationAction, c: kvferry_model::Candidate) -> Candidate {
+fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Prediction>) -> Candidate {
     Candidate {
         action: a.as_str().into(),
         seconds: c.seconds,
@@ -445,6 +544,8 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate) -> Candidate {
         wire_bytes: c.wire_bytes,
         feasible: c.feasible,
         kind: action_to_proto(a).into(),
+        sd_s: band.map_or(0.0, |b| b.sd_s()),
+        calibration_samples: band.map_or(0, |b| b.samples.min(u64::from(u32::MAX)) as u32),
     }
 }
 
@@ -454,7 +555,13 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let mut out = Decision {
         action: planned.action.as_str().to_owned(),
         kind: action_to_proto(planned.action).into(),
-        reason: planned.reason.clone(),
+        reason: match &planned.hedge {
+            Some(h) => format!("{}; hedged: {}", planned.reason, h.reason),
+            None => planned.reason.clone(),
+        },
+        hedge: planned.hedge.is_some(),
+        hedge_expected_s: planned.hedge.map_or(0.0, |h| h.expected_s),
+        hedge_p_fetch_wins: planned.hedge.map_or(0.0, |h| h.p_fetch_wins),
         source_region: p.source.as_ref().map(|(r, _)| r.clone()).unwrap_or_default(),
         source_tokens: p.source.as_ref().map_or(0, |(_, n)| u64::from(*n) * u64::from(p.block_size)),
         local_tokens: (p.local_blocks * p.block_size as usize) as u64,
@@ -483,9 +590,9 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         };
         let recompute = kvferry_model::Candidate { wire_bytes: 0.0, feasible: true, ..d.recompute };
         out.candidates = vec![
-            candidate(MigrationAction::Fetch, d.fetch),
-            candidate(MigrationAction::Recompute, recompute),
-            candidate(MigrationAction::Split, split),
+            candidate(MigrationAction::Fetch, d.fetch, planned.fetch_prediction),
+            candidate(MigrationAction::Recompute, recompute, planned.recompute_prediction),
+            candidate(MigrationAction::Split, split, None),
         ];
     }
     out
@@ -503,6 +610,38 @@ pub fn link_state(region: &str, f: &Figures, connected: bool) -> LinkState {
         prediction_error: f.prediction_error,
         connected,
         samples: f.samples.min(u64::from(u32::MAX)) as u32,
+        ..Default::default()
+    }
+}
+
+/// Adds a link's calibrated fetch figures to its wire form.
+pub fn with_calibration(mut l: LinkState, e: &kvferry_model::calibration::FetchEstimate) -> LinkState {
+    l.fixed_ms = e.fixed_s * 1e3;
+    l.fixed_sd_ms = e.fixed_sd_s * 1e3;
+    l.fixed_rtts = e.fixed_rtts.unwrap_or(0.0);
+    l.calibrated_goodput_gbps = e.goodput_gbps.unwrap_or(0.0);
+    l.per_byte_relative_sd = if e.per_byte_s > 0.0 { e.per_byte_sd_s / e.per_byte_s } else { 0.0 };
+    l.fetch_noise = e.noise;
+    l.calibration_samples = e.samples.min(u64::from(u32::MAX)) as u32;
+    l
+}
+
+/// The wire form of an engine's recompute calibration.
+pub fn engine_calibration(
+    engine_id: &str,
+    reported: crate::registry::Profile,
+    e: &kvferry_model::calibration::RecomputeEstimate,
+) -> kvferry_proto::v1::EngineCalibration {
+    kvferry_proto::v1::EngineCalibration {
+        engine_id: engine_id.to_owned(),
+        linear_s_per_token: e.linear_s_per_token,
+        attention_s_per_pair: e.attention_s_per_pair,
+        fixed_s: e.fixed_s,
+        noise: e.noise,
+        calibration_samples: e.samples.min(u64::from(u32::MAX)) as u32,
+        reported_linear_s_per_token: reported.linear_s_per_token,
+        reported_attention_s_per_pair: reported.attention_s_per_pair,
+        load_factor: e.load_factor,
     }
 }
 

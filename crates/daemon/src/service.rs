@@ -19,7 +19,9 @@ use tonic::{Request, Response, Status};
 
 use crate::Shared;
 use crate::error::DaemonError;
-use crate::plan::{decide, grpc_timeout, link_state, prepare, to_proto};
+use crate::plan::{
+    decide, engine_calibration, grpc_timeout, link_state, prepare, to_proto, with_calibration,
+};
 
 /// The Migration service.
 #[derive(Debug)]
@@ -132,10 +134,21 @@ impl Migration for MigrationService {
                 let f = self.shared.links.figures(&region)?;
                 let id = kvferry_peer::RegionId::new(&self.shared.config.trust_domain, &region).ok()?;
                 let connected = self.shared.node.rtt_to(&id).is_some();
-                Some(link_state(&region, &f, connected))
+                let l = link_state(&region, &f, connected);
+                Some(match self.shared.calib.fetch_estimate(&region, f.rtt_s) {
+                    Some(e) => with_calibration(l, &e),
+                    None => l,
+                })
             })
             .collect();
-        Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links }))
+        let engines = self
+            .shared
+            .calib
+            .engines()
+            .iter()
+            .map(|(id, reported, e)| engine_calibration(id, *reported, e))
+            .collect();
+        Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
     }
 
     async fn get_residency(

@@ -31,6 +31,10 @@ pub struct NodeConfig {
     pub profile: ProfileOptions,
     /// Period of `LoadReport` events.
     pub load_report_interval: Duration,
+    /// Factor on the prefill profile the engine reports (1.0: as measured). A profile known to
+    /// be off (measured on an idle host, served on a busy one) can be corrected here; tests use
+    /// it to hand the daemon a deliberately wrong prior, which its calibration must correct.
+    pub profile_scale: f64,
     /// Deadline of each daemon RPC (Lookup, Load, Release) and of registration.
     pub rpc_timeout: Duration,
     /// How the daemon reaches the pool's memory.
@@ -82,6 +86,7 @@ impl NodeConfig {
             control: control.into(),
             profile: ProfileOptions::default(),
             load_report_interval: Duration::from_secs(1),
+            profile_scale: 1.0,
             rpc_timeout: Duration::from_secs(30),
             pool: PoolAccess::Shm,
         }
@@ -121,6 +126,9 @@ impl NodeConfig {
         }
         if self.model.vocab > u32::MAX as usize {
             return Err(NodeError::Config("--vocab must fit u32 token ids".into()));
+        }
+        if !(self.profile_scale.is_finite() && self.profile_scale > 0.0) {
+            return Err(NodeError::Config("profile_scale must be a positive number".into()));
         }
         if self.load_report_interval.is_zero() || self.rpc_timeout.is_zero() {
             return Err(NodeError::Config("intervals must be positive".into()));
@@ -198,6 +206,9 @@ pub struct EngineArgs {
     /// Seconds between load reports to the daemon.
     #[arg(long, default_value_t = 1.0)]
     pub load_report_s: f64,
+    /// Factor on the prefill profile reported to the daemon (1.0: as measured).
+    #[arg(long, default_value_t = 1.0)]
+    pub profile_scale: f64,
     /// How the daemon reaches the KV pool: `shm` (memfd over pool.sock) or `nixl` (regions
     /// registered with the engine's NIXL agent; needs NIXL, see deploy/install-nixl.sh).
     #[arg(long, value_enum, default_value_t = PoolAccess::Shm)]
@@ -228,6 +239,7 @@ impl EngineArgs {
         cfg.num_blocks = self.num_blocks;
         cfg.load_report_interval = Duration::from_secs_f64(self.load_report_s);
         cfg.pool = self.pool;
+        cfg.profile_scale = self.profile_scale;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -256,6 +268,10 @@ mod tests {
         let nixl = Cli::try_parse_from(["x", "--run-dir", "/r", "--pool", "nixl"]).unwrap();
         assert_eq!(nixl.engine.into_config().unwrap().pool, PoolAccess::Nixl);
         assert!(Cli::try_parse_from(["x", "--run-dir", "/r", "--pool", "cuda"]).is_err());
+        let scaled = Cli::try_parse_from(["x", "--run-dir", "/r", "--profile-scale", "0.1"]).unwrap();
+        assert_eq!(scaled.engine.into_config().unwrap().profile_scale, 0.1);
+        let zero = Cli::try_parse_from(["x", "--run-dir", "/r", "--profile-scale", "0"]).unwrap();
+        assert!(matches!(zero.engine.into_config(), Err(NodeError::Config(_))));
         let bad = Cli::try_parse_from(["x", "--run-dir", "/r", "--kv-heads", "3"]).unwrap();
         assert!(matches!(bad.engine.into_config(), Err(NodeError::Config(_))));
         let zero = Cli::try_parse_from(["x", "--run-dir", "/r", "--num-blocks", "0"]).unwrap();

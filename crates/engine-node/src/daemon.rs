@@ -79,11 +79,12 @@ pub fn share_pool(
     Ok((token, stream))
 }
 
-/// The API's profile message for the core's profile.
-pub fn profile_msg(p: Option<&CoreProfile>) -> Option<PrefillProfile> {
+/// The API's profile message for the core's profile, both coefficients multiplied by `scale`
+/// ([`NodeConfig::profile_scale`](crate::config::NodeConfig::profile_scale)).
+pub fn profile_msg(p: Option<&CoreProfile>, scale: f64) -> Option<PrefillProfile> {
     p.map(|p| PrefillProfile {
-        linear_s_per_token: p.a_linear_s_per_token,
-        attention_s_per_pair: p.b_attention_s_per_pair,
+        linear_s_per_token: p.a_linear_s_per_token * scale,
+        attention_s_per_pair: p.b_attention_s_per_pair * scale,
         samples: u32::try_from(p.points.len() as u64 + p.observations).unwrap_or(u32::MAX),
     })
 }

@@ -199,7 +199,7 @@ impl EngineNode {
             model_id: model_id.clone(),
             layout: built.layout,
             access: built.access,
-            profile: profile_msg(built.profile.as_ref()),
+            profile: profile_msg(built.profile.as_ref(), cfg.profile_scale),
         };
         let resp = within(cfg.rpc_timeout, "RegisterPool", register(&mut client, &reg), reg_err).await?;
         if resp.layout_fingerprint.len() == 32 && resp.layout_fingerprint != built.local_fingerprint {
@@ -230,7 +230,7 @@ impl EngineNode {
                     let _ = server_stop_rx.await;
                 }),
         );
-        let reporter = tokio::spawn(report_load(events, shared, cfg.load_report_interval));
+        let reporter = tokio::spawn(report_load(events, shared, cfg.load_report_interval, cfg.profile_scale));
         let info = NodeInfo {
             engine_id: cfg.engine_id.clone(),
             model_id,
@@ -361,7 +361,7 @@ async fn supervise(mut p: Parts) -> Result<(), NodeError> {
     outcome
 }
 
-async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration) {
+async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration, scale: f64) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -378,7 +378,7 @@ async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration) {
         last = (now, busy);
         let queued =
             u32::try_from(shared.queued.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(u32::MAX);
-        let profile = profile_msg(shared.profile.lock().expect("profile lock").as_ref());
+        let profile = profile_msg(shared.profile.lock().expect("profile lock").as_ref(), scale);
         events.load(queued, util, profile);
     }
 }

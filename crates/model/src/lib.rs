@@ -38,7 +38,7 @@ pub mod split;
 
 pub use calibration::{
     CalibrationError, FetchCalibration, FetchObservation, HedgeChoice, HedgeDecision, HedgePolicy,
-    Prediction, RecomputeCalibration, RecomputeObservation, hedge,
+    Prediction, RecomputeCalibration, RecomputeObservation, calibrated, hedge,
 };
 pub use compute::{AttentionShape, ComputeModel};
 pub use crossover::{crossover_tokens, crossover_utilization};
@@ -48,7 +48,7 @@ pub use decision::{
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
-pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_migration};
+pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_hedge, plan_migration};
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
 pub use source::{HolderOffer, SourcePricing, rank_sources, ready_seconds};
 pub use split::{SplitInputs, SplitPoint};

@@ -303,6 +303,33 @@ pub fn plan_migration(
     Ok(plan)
 }
 
+/// Whether to hedge `plan`: start the other pure action beside it and keep whichever finishes
+/// first. Only a pure fetch or recompute of the whole prefix is hedged (nothing ready here,
+/// the tokens at hand, a fetch the egress cap allows and a source that holds every block),
+/// with both calibrated predictions; then [`hedge`](crate::calibration::hedge) decides.
+/// `Some` only when it answers [`HedgeChoice::Hedge`](crate::HedgeChoice::Hedge).
+pub fn plan_hedge(
+    plan: &MigrationPlan,
+    h: &Holdings,
+    fetch: Option<&crate::Prediction>,
+    recompute: Option<&crate::Prediction>,
+    policy: &crate::HedgePolicy,
+) -> Option<crate::HedgeDecision> {
+    let pure = matches!(plan.action, MigrationAction::Fetch | MigrationAction::Recompute);
+    let fetch_allowed = plan.model.is_some_and(|d| d.fetch.feasible);
+    if !policy.allow
+        || !pure
+        || !fetch_allowed
+        || h.local_blocks > 0
+        || !h.has_tokens
+        || h.source_blocks < h.blocks
+    {
+        return None;
+    }
+    let d = crate::hedge(fetch?, recompute?, policy).ok()?;
+    (d.choice == crate::HedgeChoice::Hedge).then_some(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,5 +342,55 @@ mod tests {
         for a in MigrationAction::ALL {
             assert_eq!(serde_json::to_string(&a).unwrap(), format!("\"{a}\""));
         }
+    }
+
+    fn measured() -> Measured {
+        Measured {
+            kv: KvFootprint::new(crate::KvShape::Gqa { layers: 4, kv_heads: 2, head_dim: 64 }, 2.0).unwrap(),
+            linear_s_per_token: 1e-3,
+            attention_s_per_pair: 0.0,
+            goodput_bps: 1e9,
+            rtt_s: 0.05,
+            fetch_utilization: 0.0,
+            compute_utilization: 0.0,
+        }
+    }
+
+    fn holdings(local: u64, source: u64, has_tokens: bool) -> Holdings {
+        Holdings { blocks: 16, block_tokens: 16, local_blocks: local, source_blocks: source, has_tokens }
+    }
+
+    fn wide(seconds: f64) -> crate::Prediction {
+        crate::Prediction { seconds, std_error_s: 0.5 * seconds, noise_s: 0.2 * seconds, samples: 1 }
+    }
+
+    #[test]
+    fn a_hedge_needs_a_pure_whole_prefix_action_and_both_bands() {
+        let allow = crate::HedgePolicy { allow: true, ..crate::HedgePolicy::default() };
+        let h = holdings(0, 16, true);
+        let plan = plan_migration(&h, Some(&measured()), &Policy::default(), 60.0).unwrap();
+        let (f, r) = (wide(0.25), wide(0.26));
+        let d = plan_hedge(&plan, &h, Some(&f), Some(&r), &allow).expect("straddling bands hedge");
+        assert!(d.expected_s < f.seconds.min(r.seconds));
+        // Each missing condition: no hedge.
+        assert!(plan_hedge(&plan, &h, Some(&f), Some(&r), &crate::HedgePolicy::default()).is_none());
+        assert!(plan_hedge(&plan, &h, None, Some(&r), &allow).is_none());
+        assert!(plan_hedge(&plan, &h, Some(&f), None, &allow).is_none());
+        for other in [holdings(2, 16, true), holdings(0, 8, true), holdings(0, 16, false)] {
+            assert!(plan_hedge(&plan, &other, Some(&f), Some(&r), &allow).is_none(), "{other:?}");
+        }
+        let exact = crate::Prediction::exact;
+        assert!(
+            plan_hedge(&plan, &h, Some(&exact(0.25)), Some(&exact(0.26)), &allow).is_none(),
+            "clear bands"
+        );
+        let capped = Policy { max_wire_bytes: Some(1.0), ..Policy::default() };
+        let under_cap = plan_migration(&h, Some(&measured()), &capped, 60.0).unwrap();
+        assert!(
+            plan_hedge(&under_cap, &h, Some(&f), Some(&r), &allow).is_none(),
+            "the egress cap forbids the fetch"
+        );
+        let local = MigrationPlan { action: MigrationAction::AlreadyLocal, ..plan };
+        assert!(plan_hedge(&local, &h, Some(&f), Some(&r), &allow).is_none());
     }
 }

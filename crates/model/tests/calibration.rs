@@ -499,3 +499,98 @@ proptest! {
         prop_assert!(p.seconds.is_finite() && p.sd_s().is_finite());
     }
 }
+
+fn measured_1g_50ms() -> kvferry_model::migration::Measured {
+    let p = profile();
+    kvferry_model::migration::Measured {
+        kv: kvferry_model::KvFootprint::new(
+            kvferry_model::KvShape::Gqa { layers: 4, kv_heads: 2, head_dim: 64 },
+            2.0,
+        )
+        .unwrap(),
+        linear_s_per_token: p.linear_seconds_per_token(),
+        attention_s_per_pair: p.attention_seconds_per_pair(),
+        goodput_bps: 1e9,
+        rtt_s: 0.05,
+        fetch_utilization: 0.0,
+        compute_utilization: 0.0,
+    }
+}
+
+/// Without samples, `calibrated` changes nothing: the live figures and the reported profile.
+#[test]
+fn calibrated_without_samples_is_the_measured_input() {
+    let m = measured_1g_50ms();
+    let f = fetch_cal(FitConfig::default());
+    let r = recompute_cal(FitConfig::default());
+    let out = kvferry_model::calibrated(&m, Some(&f), Some(&r), 0.0, 512).unwrap();
+    assert_eq!(out.goodput_bps, m.goodput_bps);
+    assert_eq!(out.rtt_s, m.rtt_s);
+    assert!((out.linear_s_per_token / m.linear_s_per_token - 1.0).abs() < 1e-9);
+    assert!((out.attention_s_per_pair / m.attention_s_per_pair - 1.0).abs() < 1e-9);
+    assert_eq!(kvferry_model::calibrated(&m, None, None, 0.0, 512).unwrap(), m);
+}
+
+/// After samples, the model's times from `calibrated` equal the calibrations' predictions:
+/// the fetch's fixed cost of 3 RTTs and a recompute 3× its profile are what the plan uses.
+#[test]
+fn calibrated_inputs_price_what_the_calibrations_predict() {
+    let m = measured_1g_50ms();
+    let truth = TrueFetch { fixed_s: 0.0, rtt_factor: 3.0, per_byte_s: 8.0 / 0.7e9 };
+    let mut f = fetch_cal(FitConfig::default());
+    let mut r = recompute_cal(FitConfig::default());
+    let prof = profile();
+    for (i, mib) in [1.0, 4.0, 16.0, 64.0, 2.0, 32.0, 8.0, 128.0].iter().enumerate() {
+        let bytes = (mib * MIB) as u64;
+        f.observe(FetchObservation {
+            wire_bytes: bytes,
+            seconds: truth.seconds(bytes as f64, 0.05),
+            rtt_s: 0.05,
+        })
+        .unwrap();
+        let n = 64 * (i as u64 + 1);
+        let seconds = 3.0 * prof.recompute_seconds(n) + 0.01;
+        r.observe(RecomputeObservation { new_tokens: n, cached_tokens: 0, load: 0.0, seconds }).unwrap();
+    }
+    for tokens in [32u64, 256, 1024] {
+        let out = kvferry_model::calibrated(&m, Some(&f), Some(&r), 0.0, tokens).unwrap();
+        let bytes = (tokens as f64 * m.kv.bytes_per_token()) as u64;
+        let link = LinkModel::new(out.goodput_bps / 1e9, out.rtt_s, 1.0).unwrap();
+        let model_fetch = link.fetch_seconds(tokens, m.kv.bytes_per_token());
+        let want = f.predict(bytes, 0.05).unwrap().seconds;
+        assert!((model_fetch / want - 1.0).abs() < 1e-6, "{tokens}: {model_fetch} vs {want}");
+        assert!((model_fetch / truth.seconds(bytes as f64, 0.05) - 1.0).abs() < 0.05, "{tokens}");
+        let compute = ComputeModel::from_measured(out.linear_s_per_token, out.attention_s_per_pair).unwrap();
+        let model_rec = compute.recompute_seconds(tokens);
+        let want = r.predict(tokens, 0, 0.0).unwrap().seconds;
+        assert!((model_rec / want - 1.0).abs() < 1e-6, "{tokens}: {model_rec} vs {want}");
+        let true_rec = 3.0 * prof.recompute_seconds(tokens) + 0.01;
+        assert!((model_rec / true_rec - 1.0).abs() < 0.10, "{tokens}: {model_rec} vs {true_rec}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Slower observed recomputes never make the calibrated recompute cheaper.
+    #[test]
+    fn calibrated_recompute_is_monotone_in_what_was_observed(
+        n in 16u64..4096, slow in 1.0f64..5.0, extra in 0.0f64..3.0, tokens in 16u64..8192,
+    ) {
+        let m = measured_1g_50ms();
+        let prof = profile();
+        let mut a = recompute_cal(FitConfig::default());
+        let mut b = recompute_cal(FitConfig::default());
+        for k in 0..4 {
+            let nn = n + 64 * k;
+            let s = slow * prof.recompute_seconds(nn);
+            a.observe(RecomputeObservation { new_tokens: nn, cached_tokens: 0, load: 0.0, seconds: s }).unwrap();
+            b.observe(RecomputeObservation { new_tokens: nn, cached_tokens: 0, load: 0.0, seconds: s * (1.0 + extra) }).unwrap();
+        }
+        let ca = kvferry_model::calibrated(&m, None, Some(&a), 0.0, tokens).unwrap();
+        let cb = kvferry_model::calibrated(&m, None, Some(&b), 0.0, tokens).unwrap();
+        let ta = ComputeModel::from_measured(ca.linear_s_per_token, ca.attention_s_per_pair).unwrap().recompute_seconds(tokens);
+        let tb = ComputeModel::from_measured(cb.linear_s_per_token, cb.attention_s_per_pair).unwrap().recompute_seconds(tokens);
+        prop_assert!(tb >= ta * (1.0 - 1e-9), "{ta} -> {tb}");
+    }
+}

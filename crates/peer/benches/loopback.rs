@@ -130,6 +130,7 @@ impl BlockCatalog for AnyCatalog {
             layers: LAYERS,
             bytes_per_block_layer: BPBL,
             source: self.0.clone(),
+            egress_cap_bps: 0,
         })
     }
 }

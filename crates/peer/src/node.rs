@@ -54,6 +54,8 @@ pub struct Served {
     pub bytes_per_block_layer: u64,
     /// Where the chunk bytes come from.
     pub source: Arc<dyn ChunkSource>,
+    /// The egress cap toward this peer, bits/s (0: none); reported in the query's load report.
+    pub egress_cap_bps: u64,
 }
 
 /// Decides what a peer may fetch: tenant, fingerprint, and which blocks are held.
@@ -276,6 +278,7 @@ impl PeerNode {
             active_transfers: self.serving.load(Ordering::Relaxed),
             staging_used: self.serve_budget.in_use_kib.load(Ordering::Relaxed) * 1024,
             staging_bound: self.staging_bound(),
+            egress_cap_bps: 0,
         }
     }
 

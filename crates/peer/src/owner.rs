@@ -155,7 +155,11 @@ async fn serve_transfer(
         // A query learns what is held, and how loaded this fetch path is; no KV byte is read.
         // Both frames in one write, so they leave in one packet.
         let mut both = kvferry_wire::frame::encode_to_vec(&Frame::Manifest(manifest));
-        kvferry_wire::frame::encode(&Frame::Load(node.load_report(req.transfer_id)), &mut both);
+        let load = kvferry_wire::frame::LoadReport {
+            egress_cap_bps: served.egress_cap_bps,
+            ..node.load_report(req.transfer_id)
+        };
+        kvferry_wire::frame::encode(&Frame::Load(load), &mut both);
         ctl_send.write_all(&both).await.map_err(crate::io::write_err)?;
         let _ = ctl_send.finish();
         return Ok(());

@@ -79,6 +79,7 @@ impl BlockCatalog for Catalog {
             layers: self.layers,
             bytes_per_block_layer: self.bpbl,
             source: self.source.clone(),
+            egress_cap_bps: 0,
         })
     }
 }

@@ -172,6 +172,11 @@ pub struct LoadReport {
     /// Serving staging bytes in use, and the bound.
     pub staging_used: u64,
     pub staging_bound: u64,
+    /// The owner's egress cap toward the asking region, bits/s (0: none). A requester prices
+    /// the fetch at no more than this, whatever the link could carry. On the wire only when
+    /// set (appended last, never as 0, so the encoding stays canonical): a report without it,
+    /// as peers before the field send, decodes as 0.
+    pub egress_cap_bps: u64,
 }
 
 /// Every frame of the protocol.
@@ -251,6 +256,8 @@ pub enum DecodeError {
     BadRefusalCode(u8),
     #[error("invalid range {what}: [{start}, {end})")]
     BadRange { what: &'static str, start: u32, end: u32 },
+    #[error("optional field {0} sent as 0 (absent means 0)")]
+    ZeroField(&'static str),
 }
 
 /// Appends the encoding of `frame` to `out`.
@@ -326,6 +333,9 @@ pub fn encode(frame: &Frame, out: &mut Vec<u8>) {
             w.u32(l.active_transfers);
             w.u64(l.staging_used);
             w.u64(l.staging_bound);
+            if l.egress_cap_bps > 0 {
+                w.u64(l.egress_cap_bps);
+            }
         }
     }
     let len = (out.len() - body) as u32;
@@ -439,6 +449,14 @@ pub fn decode(buf: &[u8]) -> Result<Option<(Frame, usize)>, DecodeError> {
             active_transfers: r.u32("active_transfers")?,
             staging_used: r.u64("staging_used")?,
             staging_bound: r.u64("staging_bound")?,
+            egress_cap_bps: if r.0.is_empty() {
+                0
+            } else {
+                match r.u64("egress_cap_bps")? {
+                    0 => return Err(DecodeError::ZeroField("egress_cap_bps")),
+                    cap => cap,
+                }
+            },
         }),
         9 => Frame::Probe(Probe { transfer_id: r.u128("transfer_id")?, bytes: r.u64("bytes")? }),
         _ => return Err(DecodeError::UnknownType(kind)),
@@ -577,6 +595,7 @@ mod tests {
                 active_transfers: 3,
                 staging_used: 1 << 20,
                 staging_bound: 1 << 28,
+                egress_cap_bps: 2_000_000,
             }),
             Frame::Query(FetchRequest {
                 transfer_id: 8,
@@ -602,6 +621,35 @@ mod tests {
                 assert_eq!(decode(&bytes[..cut]), Ok(None), "{f:?} cut at {cut}");
             }
         }
+    }
+
+    #[test]
+    fn a_load_report_without_the_egress_cap_decodes_as_uncapped() {
+        let with = LoadReport {
+            transfer_id: 3,
+            active_transfers: 1,
+            staging_used: 5,
+            staging_bound: 9,
+            egress_cap_bps: 7,
+        };
+        let mut b = encode_to_vec(&Frame::Load(with));
+        // The report as a peer without the field sends it: 8 bytes shorter.
+        b.truncate(b.len() - 8);
+        let len = (b.len() - PREFIX_LEN) as u32;
+        b[4..8].copy_from_slice(&len.to_le_bytes());
+        let (back, _) = decode(&b).unwrap().unwrap();
+        assert_eq!(back, Frame::Load(LoadReport { egress_cap_bps: 0, ..with }));
+        // An explicit 0 is refused (it would have two encodings).
+        let mut b = encode_to_vec(&Frame::Load(LoadReport { egress_cap_bps: 1, ..with }));
+        let n = b.len();
+        b[n - 8..].copy_from_slice(&0u64.to_le_bytes());
+        assert_eq!(decode(&b), Err(DecodeError::ZeroField("egress_cap_bps")));
+        // A partial field is refused, not read as a cap.
+        let mut b = encode_to_vec(&Frame::Load(LoadReport { egress_cap_bps: 7, ..with }));
+        b.truncate(b.len() - 4);
+        let len = (b.len() - PREFIX_LEN) as u32;
+        b[4..8].copy_from_slice(&len.to_le_bytes());
+        assert!(decode(&b).is_err());
     }
 
     #[test]

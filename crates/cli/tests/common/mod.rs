@@ -13,7 +13,10 @@ use kvferry_daemon::Config;
 use kvferry_daemon::config::{Listen, Peer};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
-use kvferry_proto::v1::{GenerateRequest, GenerateResponse, MigrateSessionRequest, Policy, PolicyMode};
+use kvferry_proto::v1::{
+    Decision, GenerateRequest, GenerateResponse, MigrateSessionRequest, Policy, PolicyMode, Receipt,
+    migration_event,
+};
 use tonic::transport::{Channel, Endpoint};
 
 pub const TENANT: &str = "tenant-it";
@@ -254,9 +257,28 @@ pub fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequ
         token_ids: t.to_vec(),
         source_region: "region-a".into(),
         deadline_ms: 30_000,
-        policy: Some(Policy { mode: mode as i32, allow_split: false, max_egress_bytes: 0 }),
+        policy: Some(Policy {
+            mode: mode as i32,
+            allow_split: false,
+            max_egress_bytes: 0,
+            allow_hedge: false,
+        }),
         ..Default::default()
     }
+}
+
+/// Runs one migration to its end: its decision and its receipt.
+pub async fn migrate(c: &mut MigrationClient<Channel>, req: MigrateSessionRequest) -> (Decision, Receipt) {
+    let mut s = c.migrate_session(req).await.unwrap().into_inner();
+    let (mut d, mut r) = (None, None);
+    while let Some(ev) = s.message().await.unwrap() {
+        match ev.event {
+            Some(migration_event::Event::Decision(x)) => d = Some(x),
+            Some(migration_event::Event::Receipt(x)) => r = Some(x),
+            _ => {}
+        }
+    }
+    (d.expect("a decision"), r.expect("a receipt"))
 }
 
 /// Waits until `router`'s plan for `req` sees the source's blocks (engines report them

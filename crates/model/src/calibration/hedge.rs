@@ -250,7 +250,9 @@ impl Race {
         let alpha = (my - mx) / theta;
         let (cdf, cdf_neg, pdf) = (normal_cdf(alpha), normal_cdf(-alpha), normal_pdf(alpha));
         // Never above either mean, whatever rounding does: min(X, Y) ≤ X and ≤ Y pointwise.
-        let expected_min = (mx * cdf + my * cdf_neg - theta * pdf).min(mx).min(my);
+        // Never below 0 either: times are not negative, though the Gaussian tails say so when
+        // an sd is much larger than its mean (an uncalibrated short fetch).
+        let expected_min = (mx * cdf + my * cdf_neg - theta * pdf).min(mx).min(my).max(0.0);
         let first_wins_time = (mx * cdf - sx * sx / theta * pdf).max(0.0);
         Self { expected_min, p_first_wins: cdf, first_wins_time }
     }
@@ -331,6 +333,13 @@ mod tests {
         let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &capped).unwrap();
         assert!(matches!(d.reason, HedgeReason::CostCap { .. }), "{d:?}");
         assert!(d.reason.to_string().contains("cap"));
+    }
+
+    #[test]
+    fn the_expected_time_is_never_negative() {
+        // A short fetch with a wide prior band: the Gaussian closed form goes below 0.
+        let d = hedge(&pred(0.001, 0.010), &pred(0.07, 0.06), &allowed()).unwrap();
+        assert!(d.hedge_s >= 0.0 && d.expected_s >= 0.0, "{d:?}");
     }
 
     #[test]

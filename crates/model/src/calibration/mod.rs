@@ -134,6 +134,43 @@ impl Prediction {
     }
 }
 
+/// The decision's inputs with calibration applied: what [`plan_migration`](crate::plan_migration)
+/// takes, from the measured figures `m` and the calibrations of the source's link and the
+/// target engine, for a prefix of `prefix_tokens` tokens at engine load `load`.
+///
+/// - **Fetch**, once the link's calibration has samples: the fitted fixed cost replaces the
+///   one-RTT term (`rtt_s`) and the fitted per-byte cost the goodput, so the model's fetch
+///   time equals [`FetchCalibration::predict`]'s mean. Without samples the live estimator's
+///   figures stand (the calibration's prior is those same figures).
+/// - **Recompute**: the calibrated per-token costs at `load` ([`RecomputeCalibration::
+///   compute_model`]); the fitted fixed cost, which [`ComputeModel`](crate::ComputeModel) has
+///   no term for, is spread over the prefix's tokens (exact for a full recompute of
+///   `prefix_tokens`; a split's shorter leg is charged its share).
+///
+/// Pure: no state changes, no clock.
+pub fn calibrated(
+    m: &crate::migration::Measured,
+    fetch: Option<&FetchCalibration>,
+    recompute: Option<&RecomputeCalibration>,
+    load: f64,
+    prefix_tokens: u64,
+) -> Result<crate::migration::Measured, ModelError> {
+    let mut out = *m;
+    if let Some(f) = fetch.filter(|f| f.samples() > 0) {
+        let link = f.link_model(m.rtt_s, 1.0)?;
+        out.goodput_bps = link.bits_per_second();
+        out.rtt_s = link.rtt_s.max(0.0);
+    }
+    if let Some(r) = recompute {
+        let c = r.compute_model(load)?;
+        let fixed = r.estimate().fixed_s.max(0.0);
+        let spread = if prefix_tokens > 0 { fixed / prefix_tokens as f64 } else { 0.0 };
+        out.linear_s_per_token = c.linear_seconds_per_token() + spread;
+        out.attention_s_per_pair = c.attention_seconds_per_pair();
+    }
+    Ok(out)
+}
+
 /// Checks a measured value: finite, > 0, at most [`MAX_SAMPLE_SECONDS`].
 pub(crate) fn sample_seconds(field: &'static str, value: f64) -> Result<f64, CalibrationError> {
     crate::error::positive(field, value).map_err(CalibrationError::Sample)?;

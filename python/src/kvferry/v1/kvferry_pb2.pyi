@@ -30,14 +30,16 @@ ACTION_SPLIT: Action
 ACTION_ALREADY_LOCAL: Action
 
 class Policy(_message.Message):
-    __slots__ = ("mode", "allow_split", "max_egress_bytes")
+    __slots__ = ("mode", "allow_split", "max_egress_bytes", "allow_hedge")
     MODE_FIELD_NUMBER: _ClassVar[int]
     ALLOW_SPLIT_FIELD_NUMBER: _ClassVar[int]
     MAX_EGRESS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_HEDGE_FIELD_NUMBER: _ClassVar[int]
     mode: PolicyMode
     allow_split: bool
     max_egress_bytes: int
-    def __init__(self, mode: _Optional[_Union[PolicyMode, str]] = ..., allow_split: _Optional[bool] = ..., max_egress_bytes: _Optional[int] = ...) -> None: ...
+    allow_hedge: bool
+    def __init__(self, mode: _Optional[_Union[PolicyMode, str]] = ..., allow_split: _Optional[bool] = ..., max_egress_bytes: _Optional[int] = ..., allow_hedge: _Optional[bool] = ...) -> None: ...
 
 class MigrateSessionRequest(_message.Message):
     __slots__ = ("session_id", "tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "source_region", "target_engine", "deadline_ms", "policy", "deadline_unix_ms", "source_regions")
@@ -110,23 +112,27 @@ class Holding(_message.Message):
     def __init__(self, region: _Optional[str] = ..., tokens: _Optional[int] = ..., reachable: _Optional[bool] = ..., predicted_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind")
+    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind", "sd_s", "calibration_samples")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WIRE_BYTES_FIELD_NUMBER: _ClassVar[int]
     FEASIBLE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    SD_S_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     action: str
     seconds: float
     gpu_seconds: float
     wire_bytes: float
     feasible: bool
     kind: Action
-    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
+    sd_s: float
+    calibration_samples: int
+    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "holdings")
+    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins", "holdings")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -139,6 +145,9 @@ class Decision(_message.Message):
     RECOMPUTE_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_EXPECTED_S_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_P_FETCH_WINS_FIELD_NUMBER: _ClassVar[int]
     HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     action: str
     reason: str
@@ -152,8 +161,11 @@ class Decision(_message.Message):
     recompute_s_per_token: float
     bytes_per_token: float
     kind: Action
+    hedge: bool
+    hedge_expected_s: float
+    hedge_p_fetch_wins: float
     holdings: _containers.RepeatedCompositeFieldContainer[Holding]
-    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ...) -> None: ...
+    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("bytes_done", "bytes_total", "elapsed_s")
@@ -166,7 +178,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +191,8 @@ class Receipt(_message.Message):
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     FIRST_LAYER_S_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    HEDGED_FIELD_NUMBER: _ClassVar[int]
+    HEDGE_LOSER_S_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -191,7 +205,9 @@ class Receipt(_message.Message):
     fallback: str
     first_layer_s: float
     kind: Action
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ...) -> None: ...
+    hedged: bool
+    hedge_loser_s: float
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
@@ -208,7 +224,7 @@ class GetLinksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples")
+    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples")
     REGION_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
@@ -218,6 +234,13 @@ class LinkState(_message.Message):
     PREDICTION_ERROR_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FIXED_MS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_SD_MS_FIELD_NUMBER: _ClassVar[int]
+    FIXED_RTTS_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATED_GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
+    PER_BYTE_RELATIVE_SD_FIELD_NUMBER: _ClassVar[int]
+    FETCH_NOISE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     region: str
     rtt_ms: float
     goodput_gbps: float
@@ -227,15 +250,46 @@ class LinkState(_message.Message):
     prediction_error: float
     connected: bool
     samples: int
-    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ...) -> None: ...
+    fixed_ms: float
+    fixed_sd_ms: float
+    fixed_rtts: float
+    calibrated_goodput_gbps: float
+    per_byte_relative_sd: float
+    fetch_noise: float
+    calibration_samples: int
+    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
+
+class EngineCalibration(_message.Message):
+    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor")
+    ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
+    LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
+    FIXED_S_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
+    CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    engine_id: str
+    linear_s_per_token: float
+    attention_s_per_pair: float
+    fixed_s: float
+    noise: float
+    calibration_samples: int
+    reported_linear_s_per_token: float
+    reported_attention_s_per_pair: float
+    load_factor: float
+    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ...) -> None: ...
 
 class GetLinksResponse(_message.Message):
-    __slots__ = ("region", "links")
+    __slots__ = ("region", "links", "engines")
     REGION_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
     region: str
     links: _containers.RepeatedCompositeFieldContainer[LinkState]
-    def __init__(self, region: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkState, _Mapping]]] = ...) -> None: ...
+    engines: _containers.RepeatedCompositeFieldContainer[EngineCalibration]
+    def __init__(self, region: _Optional[str] = ..., links: _Optional[_Iterable[_Union[LinkState, _Mapping]]] = ..., engines: _Optional[_Iterable[_Union[EngineCalibration, _Mapping]]] = ...) -> None: ...
 
 class PoolLayoutSpec(_message.Message):
     __slots__ = ("kind", "layers", "kv_heads", "head_dim", "block_size", "num_blocks", "dtype")

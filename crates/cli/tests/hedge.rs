@@ -1,0 +1,95 @@
+//! Hedged migrations, end to end with real processes (two `kvferry daemon`s, two `kvferry
+//! engine`s, QUIC + mutual TLS on loopback). Region B hedges every migration whose calibrated
+//! bands overlap (`policy.hedge = "always"`, bands widened so they always do): the fetch and the
+//! recompute start together and the first to finish wins.
+//!
+//! - A's egress to B is capped at 2 Mbit/s (B prices the fetch at that rate: A reports its cap
+//!   in the query's load report), so the recompute wins: the receipt says recompute,
+//!   hedged; the cancelled fetch left nothing in B's landing zone (nothing used, nothing
+//!   reserved) and moved no byte into it, and the next turn in B equals a cold recompute.
+//! - Uncapped, a long prefix is fetched faster than it is recomputed: the receipt says fetch,
+//!   hedged, with the losing recompute's time accounted (`kvferry_hedge_wasted_milliseconds_total`),
+//!   and the next turn equals a cold recompute.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use kvferry_proto::v1::{Action, PolicyMode};
+
+fn hedging_b(c: &mut kvferry_daemon::Config) {
+    use kvferry_daemon::config::HedgeMode;
+    c.policy.hedge = HedgeMode::Always;
+    (c.policy.hedge_band_z, c.policy.hedge_min_gain) = (1e6, 0.0);
+    // Small chunks, so that A's egress cap paces the transfer (its burst is a chunk).
+    c.transfer.chunk_bytes = 65_536;
+}
+
+async fn landing(cl: &Cluster, state: &str) -> f64 {
+    metric(&cl.metrics(1).await, &format!("kvferry_landing_zone_bytes{{state=\"{state}\"}}"))
+}
+
+/// The next turn in region B, warm and from scratch, must agree bit for bit.
+async fn warm_equals_cold(cl: &Cluster, convo: &[u32]) {
+    let mut b = cl.engine(1).await;
+    let mut next = convo.to_vec();
+    next.extend(tokens(5, 77));
+    let warm = generate(&mut b, &next, true).await;
+    let cold = generate(&mut b, &next, false).await;
+    assert!(warm.loaded_tokens >= (convo.len() / 16 * 16) as u64, "{warm:?}");
+    assert_eq!((warm.new_tokens, warm.logits_digest), (cold.new_tokens, cold.logits_digest));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
+    let a = RegionSpec { configure: Some(|c| c.peers[0].max_egress_gbps = 0.002), ..Default::default() };
+    let b = RegionSpec { configure: Some(hedging_b), ..Default::default() };
+    let cl = Cluster::start([a, b]);
+    let (mut eng_a, mut router_b) = (cl.engine(0).await, cl.router(1).await);
+    // 1024 tokens = 1 MiB of KV: about 4 s at A's cap; the recompute takes well under that.
+    let convo = tokens(1024, 31);
+    generate(&mut eng_a, &convo, true).await;
+    let req = request("s-hedge-slow", &convo, PolicyMode::Auto);
+    wait_for_source(&mut router_b, &req).await;
+    let fetched_before = metric(&cl.metrics(1).await, "kvferry_fetched_bytes_total");
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert!(d.hedge && d.hedge_expected_s >= 0.0, "the decision hedges: {d:?}");
+    // A's cap reached B in A's load report: the decision priced the fetch at 2 Mbit/s.
+    let link = d.link.as_ref().expect("the link figures");
+    assert!(link.goodput_gbps <= 0.002 * 1.0001, "the owner's egress cap is not priced: {link:?}");
+    assert!(r.hedged && r.kind() == Action::Recompute, "the recompute finished first: {r:?}");
+    assert_eq!((r.bytes_moved, r.tokens_ready), (0, 1024), "{r:?}");
+    assert!(r.hedge_loser_s > 0.0, "{r:?}");
+    assert_eq!(metric(&cl.metrics(1).await, "kvferry_fetched_bytes_total"), fetched_before);
+    // The cancelled fetch's reservation is released and nothing of it was committed.
+    let t = Instant::now();
+    while landing(&cl, "reserved").await > 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "the cancelled fetch's reservation stayed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(landing(&cl, "used").await, 0.0, "the cancelled fetch left blocks in the landing zone");
+    let m = cl.metrics(1).await;
+    assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"recompute\"}"), 1.0);
+    warm_equals_cold(&cl, &convo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
+    let b = RegionSpec { configure: Some(hedging_b), ..Default::default() };
+    let cl = Cluster::start([RegionSpec::default(), b]);
+    let (mut eng_a, mut router_b) = (cl.engine(0).await, cl.router(1).await);
+    // 4096 tokens: 4 MiB over loopback in milliseconds; recomputing them takes far longer.
+    let convo = tokens(4096, 32);
+    generate(&mut eng_a, &convo, true).await;
+    let req = request("s-hedge-fast", &convo, PolicyMode::Auto);
+    wait_for_source(&mut router_b, &req).await;
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert!(d.hedge, "the decision hedges: {d:?}");
+    assert!(r.hedged && r.kind() == Action::Fetch, "the fetch finished first: {r:?}");
+    assert!(r.bytes_moved > 0 && r.tokens_ready == 4096 && r.hedge_loser_s > 0.0, "{r:?}");
+    let m = cl.metrics(1).await;
+    assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"fetch\"}"), 1.0);
+    assert!(metric(&m, "kvferry_hedge_wasted_milliseconds_total") >= 0.0);
+    warm_equals_cold(&cl, &convo).await;
+}

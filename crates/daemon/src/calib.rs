@@ -1,0 +1,218 @@
+//! The calibration state this daemon owns: one fetch calibration per peer region and one
+//! recompute calibration per engine (keyed by engine id, so it survives the engine's
+//! re-registration), fed by every executed fetch and recompute and handed, as plain values, to
+//! the pure [`kvferry_model::calibrated`] before each decision. The fitting itself is
+//! `kvferry_model::calibration`; this module only keeps the state and its priors current.
+//!
+//! Priors: a link's calibration starts at the live estimator's figures (one RTT, the measured
+//! or configured goodput) and follows them until its first sample; an engine's starts at the
+//! profile it reported and is rebased whenever the engine reports a new one.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use kvferry_model::calibration::{FetchEstimate, FetchSpread, FitConfig, RecomputeEstimate, RecomputeSpread};
+use kvferry_model::{
+    CalibrationError, ComputeModel, FetchCalibration, FetchObservation, LinkModel, RecomputeCalibration,
+    RecomputeObservation,
+};
+use kvferry_pool::sync::LockExt;
+
+use crate::links::Figures;
+use crate::registry::Profile;
+
+struct EngineCal {
+    base: Profile,
+    cal: RecomputeCalibration,
+}
+
+/// Every peer's and engine's calibration.
+#[derive(Default)]
+pub struct Calibrations {
+    fetch: Mutex<HashMap<String, FetchCalibration>>,
+    recompute: Mutex<HashMap<String, EngineCal>>,
+}
+
+impl std::fmt::Debug for Calibrations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Calibrations").finish_non_exhaustive()
+    }
+}
+
+fn prior_link(fig: &Figures) -> Option<LinkModel> {
+    LinkModel::new(fig.goodput_bps / 1e9, fig.rtt_s, 1.0).ok()
+}
+
+fn prior_profile(p: Profile) -> Option<ComputeModel> {
+    ComputeModel::from_measured(p.linear_s_per_token, p.attention_s_per_pair).ok()
+}
+
+impl Calibrations {
+    /// `region`'s fetch calibration as of now (created at the link's figures; before its
+    /// first sample its prior follows the figures). `None` when the figures are no valid link.
+    pub fn fetch(&self, region: &str, fig: &Figures) -> Option<FetchCalibration> {
+        let prior = prior_link(fig)?;
+        let mut all = self.fetch.locked();
+        let cal = match all.get_mut(region) {
+            Some(c) => {
+                if c.samples() == 0 {
+                    c.rebase(&prior).ok()?;
+                }
+                c
+            }
+            None => {
+                let c = FetchCalibration::new(&prior, FetchSpread::default(), FitConfig::default()).ok()?;
+                all.entry(region.to_owned()).or_insert(c)
+            }
+        };
+        Some(cal.clone())
+    }
+
+    /// Learns from a completed fetch from `region`. A refused sample is logged and dropped.
+    pub fn observe_fetch(&self, region: &str, fig: &Figures, obs: FetchObservation) {
+        if self.fetch(region, fig).is_none() {
+            return;
+        }
+        if let Some(c) = self.fetch.locked().get_mut(region) {
+            log_refused("fetch", region, c.observe(obs));
+        }
+    }
+
+    /// `engine_id`'s recompute calibration against the profile it reports now (rebased when
+    /// the profile changed). `None` when the profile is no valid compute model.
+    pub fn recompute(&self, engine_id: &str, profile: Profile) -> Option<RecomputeCalibration> {
+        let prior = prior_profile(profile)?;
+        let mut all = self.recompute.locked();
+        let e = match all.get_mut(engine_id) {
+            Some(e) => {
+                if e.base != profile {
+                    e.cal.rebase(&prior).ok()?;
+                    e.base = profile;
+                }
+                e
+            }
+            None => {
+                let cal = RecomputeCalibration::new(&prior, RecomputeSpread::default(), FitConfig::default())
+                    .ok()?;
+                all.entry(engine_id.to_owned()).or_insert(EngineCal { base: profile, cal })
+            }
+        };
+        Some(e.cal.clone())
+    }
+
+    /// Learns from a completed recompute on `engine_id`.
+    pub fn observe_recompute(&self, engine_id: &str, profile: Profile, obs: RecomputeObservation) {
+        if self.recompute(engine_id, profile).is_none() {
+            return;
+        }
+        if let Some(e) = self.recompute.locked().get_mut(engine_id) {
+            log_refused("recompute", engine_id, e.cal.observe(obs));
+        }
+    }
+
+    /// `region`'s calibrated fetch figures at RTT `rtt_s`, once it has any state.
+    pub fn fetch_estimate(&self, region: &str, rtt_s: f64) -> Option<FetchEstimate> {
+        self.fetch.locked().get(region).and_then(|c| c.estimate(rtt_s).ok())
+    }
+
+    /// Every engine's calibrated recompute figures and the profile they are relative to,
+    /// sorted by engine id.
+    pub fn engines(&self) -> Vec<(String, Profile, RecomputeEstimate)> {
+        let mut v: Vec<_> =
+            self.recompute.locked().iter().map(|(id, e)| (id.clone(), e.base, e.cal.estimate())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+}
+
+fn log_refused(what: &str, key: &str, r: Result<(), CalibrationError>) {
+    if let Err(e) = r {
+        tracing::warn!(calibration = what, key = %key.escape_debug(), error = %e, "sample dropped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(gbps: f64, rtt_s: f64) -> Figures {
+        Figures {
+            rtt_s,
+            goodput_bps: gbps * 1e9,
+            age_s: 0.0,
+            confidence: 1.0,
+            samples: 1,
+            prediction_error: 0.0,
+            measured: true,
+            active: 0,
+        }
+    }
+
+    const PROFILE: Profile = Profile { linear_s_per_token: 1e-3, attention_s_per_pair: 1e-7 };
+
+    #[test]
+    fn the_fetch_prior_follows_the_figures_until_the_first_sample() {
+        let c = Calibrations::default();
+        let mib = 1u64 << 20;
+        let at_1g = c.fetch("b", &figures(1.0, 0.05)).unwrap().predict(64 * mib, 0.05).unwrap().seconds;
+        let at_2g = c.fetch("b", &figures(2.0, 0.05)).unwrap().predict(64 * mib, 0.05).unwrap().seconds;
+        assert!(at_2g < at_1g, "{at_2g} vs {at_1g}");
+        // A fetch that took 3 RTTs longer than the prior said: the next predictions move up and
+        // no longer follow the figures.
+        let fig = figures(2.0, 0.05);
+        for _ in 0..6 {
+            c.observe_fetch(
+                "b",
+                &fig,
+                FetchObservation { wire_bytes: 64 * mib, seconds: at_2g + 0.15, rtt_s: 0.05 },
+            );
+        }
+        let after = c.fetch("b", &figures(4.0, 0.05)).unwrap();
+        assert_eq!(after.samples(), 6);
+        let p = after.predict(64 * mib, 0.05).unwrap().seconds;
+        assert!((p / (at_2g + 0.15) - 1.0).abs() < 0.05, "{p} vs {}", at_2g + 0.15);
+        assert!(c.fetch_estimate("b", 0.05).is_some() && c.fetch_estimate("x", 0.05).is_none());
+    }
+
+    #[test]
+    fn refused_samples_change_nothing_and_bad_priors_give_none() {
+        let c = Calibrations::default();
+        let fig = figures(1.0, 0.05);
+        c.observe_fetch("b", &fig, FetchObservation { wire_bytes: 1, seconds: f64::NAN, rtt_s: 0.05 });
+        assert_eq!(c.fetch("b", &fig).unwrap().samples(), 0);
+        assert!(c.fetch("b", &figures(0.0, 0.05)).is_none());
+        let bad = Profile { linear_s_per_token: 0.0, attention_s_per_pair: 0.0 };
+        assert!(c.recompute("e", bad).is_none());
+        c.observe_recompute(
+            "e",
+            bad,
+            RecomputeObservation { new_tokens: 1, cached_tokens: 0, load: 0.0, seconds: 1.0 },
+        );
+        assert!(c.engines().is_empty());
+    }
+
+    #[test]
+    fn a_recompute_slower_than_its_profile_is_learnt_and_survives_a_new_profile() {
+        let c = Calibrations::default();
+        let model = prior_profile(PROFILE).unwrap();
+        for n in [64u64, 128, 256, 512, 96, 384] {
+            let seconds = 3.0 * model.recompute_seconds(n);
+            c.observe_recompute(
+                "e",
+                PROFILE,
+                RecomputeObservation { new_tokens: n, cached_tokens: 0, load: 0.0, seconds },
+            );
+        }
+        let p = c.recompute("e", PROFILE).unwrap().predict(200, 0, 0.0).unwrap().seconds;
+        assert!((p / (3.0 * model.recompute_seconds(200)) - 1.0).abs() < 0.10, "{p}");
+        // The engine now reports a profile 2x slower: the correction is relative to it, and the
+        // prediction of wall time stays where the samples put it.
+        let slower = Profile { linear_s_per_token: 2e-3, attention_s_per_pair: 2e-7 };
+        let q = c.recompute("e", slower).unwrap().predict(200, 0, 0.0).unwrap().seconds;
+        assert!((q / p - 1.0).abs() < 0.10, "{q} vs {p}");
+        let engines = c.engines();
+        assert_eq!(engines.len(), 1);
+        assert_eq!((engines[0].0.as_str(), engines[0].1), ("e", slower));
+        assert_eq!(engines[0].2.samples, 6);
+    }
+}
