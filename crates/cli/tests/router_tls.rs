@@ -142,3 +142,105 @@ fn router_api_requires_a_client_certificate_from_the_router_ca() {
     let l = log();
     assert!(l.contains("router TLS handshake refused"), "{l}");
 }
+
+/// A router CA in `dir` (from the dev CA helper: `ca.pem`, a client identity) and a router
+/// server certificate it signs for 127.0.0.1, as PEM (certificate, key).
+fn router_ca(dir: &std::path::Path) -> (String, String) {
+    kvferry_daemon::router_tls::ensure_dev_router_client(dir, "kvferry.e2e").unwrap();
+    let ca_pem = std::fs::read_to_string(dir.join("ca.pem")).unwrap();
+    let signing = rcgen::KeyPair::from_pem(&std::fs::read_to_string(dir.join("ca.key")).unwrap()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, signing).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.subject_alt_names = vec![rcgen::SanType::IpAddress(std::net::Ipv4Addr::LOCALHOST.into())];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn router_certificates_rotate_without_a_restart() {
+    let root = tempfile::Builder::new().prefix("kvferry-rtls-rot-").tempdir().unwrap();
+    let run = root.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let (r1, r2) = (root.path().join("router-ca-1"), root.path().join("router-ca-2"));
+    let secret = root.path().join("router-tls");
+    let rotate_to = |ca_dir: &std::path::Path| {
+        let (cert, key) = router_ca(ca_dir);
+        let ca = std::fs::read_to_string(ca_dir.join("ca.pem")).unwrap();
+        write_secret(&secret, &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &ca)]);
+    };
+    rotate_to(&r1);
+    let grpc = free_tcp();
+    let mut cfg = kvferry_daemon::Config {
+        region: "region-a".into(),
+        trust_domain: "kvferry.e2e".into(),
+        run_dir: run.clone(),
+        ..kvferry_daemon::Config::default()
+    };
+    cfg.listen = kvferry_daemon::config::Listen { grpc, peer: free_udp(), http: free_tcp() };
+    cfg.tls.dev_dir = root.path().join("dev-ca");
+    cfg.tls.reload_poll_ms = 100;
+    cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Files;
+    (cfg.router_tls.cert, cfg.router_tls.key, cfg.router_tls.client_ca) =
+        (secret.join("tls.crt"), secret.join("tls.key"), secret.join("ca.crt"));
+    let path = root.path().join("kvferry.toml");
+    std::fs::write(&path, cfg.to_toml()).unwrap();
+    let mut procs = vec![(
+        "daemon".to_owned(),
+        spawn(&root.path().join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
+    )];
+    struct Reap(Vec<(String, std::process::Child)>);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for (_, c) in &mut self.0 {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+    wait_file(&run.join("engine.sock"), "daemon", &mut procs);
+    let _reap = Reap(procs);
+    let log = || std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default();
+    let addr = format!("https://{grpc}");
+    let s = |p: std::path::PathBuf| p.to_str().unwrap().to_owned();
+    let links = |ca: &std::path::Path| {
+        kvferry(&[
+            "links",
+            "--daemon",
+            &addr,
+            "--tls-ca",
+            &s(ca.join("ca.pem")),
+            "--tls-cert",
+            &s(ca.join("router-client.pem")),
+            "--tls-key",
+            &s(ca.join("router-client.key")),
+        ])
+    };
+    let out = links(&r1);
+    assert!(out.status.success(), "{}\n{}", text(&out), log());
+
+    // The Secret rotates to a new CA: the poll sees it, new handshakes use it.
+    rotate_to(&r2);
+    let t = Instant::now();
+    while !log().contains("router TLS files reloaded") {
+        assert!(t.elapsed() < Duration::from_secs(20), "no reload logged:\n{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = links(&r2);
+    assert!(out.status.success(), "a router of the new CA was refused: {}\n{}", text(&out), log());
+    let out = links(&r1);
+    assert!(!out.status.success(), "a router of the old CA is still served: {}", text(&out));
+
+    // A broken key is refused; the new-CA identity keeps serving.
+    let (cert, _) = router_ca(&r2);
+    let ca = std::fs::read_to_string(r2.join("ca.pem")).unwrap();
+    write_secret(&secret, &[("tls.crt", &cert), ("tls.key", "not a key"), ("ca.crt", &ca)]);
+    let t = Instant::now();
+    while !log().contains("router: refused the new TLS files") {
+        assert!(t.elapsed() < Duration::from_secs(20), "the broken key was not refused:\n{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = links(&r2);
+    assert!(out.status.success(), "the kept identity stopped serving: {}\n{}", text(&out), log());
+}

@@ -202,6 +202,9 @@ pub struct Tls {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// How often the `files` of `[tls]` and `[router_tls]` are checked for a change (a
+    /// certificate rotation), ms; 0 = never (SIGHUP still reloads them).
+    pub reload_poll_ms: u64,
 }
 
 /// TLS on the router-facing Migration API. With `mode` other than `off`, routers must present
@@ -435,6 +438,7 @@ impl Default for Tls {
             ca: PathBuf::new(),
             cert: PathBuf::new(),
             key: PathBuf::new(),
+            reload_poll_ms: 10_000,
         }
     }
 }
@@ -568,6 +572,9 @@ impl Config {
                     }
                 }
             }
+        }
+        if self.tls.reload_poll_ms != 0 && self.tls.reload_poll_ms < 100 {
+            return Err(invalid("tls.reload_poll_ms", "must be 0 (off) or at least 100"));
         }
         match self.router_tls.mode {
             RouterTlsMode::Off | RouterTlsMode::Dev => {}
@@ -761,6 +768,7 @@ mod tests {
             ("[transfer]\nmissing_grace_ms = 700000", "transfer.missing_grace_ms"),
             ("[transfer]\nreconnect_backoff_ms = 10001", "transfer.reconnect_backoff_ms"),
             ("[transfer]\nmax_retries_per_chunk = -1", "max_retries_per_chunk"),
+            ("[tls]\nreload_poll_ms = 5", "tls.reload_poll_ms"),
             (
                 "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\nmax_egress_gbps = -1",
                 "peers[0].max_egress_gbps",

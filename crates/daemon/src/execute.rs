@@ -1,7 +1,9 @@
 //! Carrying out a planned migration: fetch into the landing zone, tell the engine to
 //! recompute, or both at once (split); with deadlines everywhere and a recompute fallback when
-//! a fetch cannot finish (source down, deadline). Blocks become visible only after their
-//! fetch returned `Ok` (every byte verified); a failed fetch leaves nothing behind.
+//! a fetch cannot finish (source down, deadline); before that fallback, a fetch whose source
+//! failed is retried from the next holder the plan ranked (`Prepared::alternates`). Blocks
+//! become visible only after their fetch returned `Ok` (every byte verified); a failed fetch
+//! leaves nothing behind.
 //!
 //! A fetch that may fall back does not get the whole deadline: it ends early enough for the
 //! target engine to recompute the prefix ([`fetch_deadline`]). A source that has sent no
@@ -66,19 +68,30 @@ pub async fn execute(
             let n = recompute(shared, p, plan.recompute_tokens).await?;
             fill_recompute(shared, p, &mut receipt, n);
         }
-        MigrationAction::Fetch => match fetch(shared, p, plan.fetch_from, plan.fetch_end, events).await {
-            Ok(r) => fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs),
-            Err(e) => fallback(shared, p, &mut receipt, e).await?,
-        },
+        MigrationAction::Fetch => {
+            let src = source_of(p)?;
+            match fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events).await {
+                Ok(r) => fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs),
+                Err(e) => match fetch_from_alternates(shared, p, plan, events, &src, &e).await {
+                    Some((alt, r)) => {
+                        fill_fetch(shared, &alt, &mut receipt, &r, plan.fetch_end * bs);
+                        receipt.fallback =
+                            format!("fetch from {src} failed ({e}); fetched from {alt} instead");
+                    }
+                    None => fallback(shared, p, &mut receipt, e).await?,
+                },
+            }
+        }
         MigrationAction::Split => {
             let k = plan.recompute_tokens;
+            let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
                 recompute(shared, p, k),
-                fetch(shared, p, plan.fetch_from, plan.fetch_end, events)
+                fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events)
             );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
-                    fill_fetch(shared, p, &mut receipt, &r, plan.fetch_end * bs);
+                    fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs);
                     receipt.path = format!(
                         "{} + {} engine {}: prefill [0, {k})",
                         receipt.path, shared.config.region, p.engine.engine_id
@@ -127,7 +140,8 @@ async fn hedge(
     let bs = p.block_size as usize;
     let total = p.hashes.len() * bs;
     let started = Instant::now();
-    let fetch_leg = fetch(shared, p, 0, plan.hedge_fetch_end, events);
+    let src = source_of(p)?;
+    let fetch_leg = fetch(shared, p, &src, 0, plan.hedge_fetch_end, events);
     let recompute_leg = recompute(shared, p, total);
     tokio::pin!(fetch_leg, recompute_leg);
     receipt.hedged = true;
@@ -139,7 +153,7 @@ async fn hedge(
     let m = &shared.metrics;
     match first {
         First::Fetch(Ok(r)) => {
-            fill_fetch(shared, p, receipt, &r, plan.hedge_fetch_end * bs);
+            fill_fetch(shared, &src, receipt, &r, plan.hedge_fetch_end * bs);
             set_receipt_action(receipt, MigrationAction::Fetch);
             receipt.hedge_loser_s = loser_s;
             m.hedges_fetch_won.inc();
@@ -151,15 +165,15 @@ async fn hedge(
             m.hedges_recompute_won.inc();
         }
         First::Fetch(Err(e)) => {
-            tracing::warn!(session = %p.session_id, error = %e, "hedge: the fetch failed; keeping the recompute");
+            tracing::warn!(session = ?p.session_id, error = %e, "hedge: the fetch failed; keeping the recompute");
             let n = recompute_leg.await?;
             fill_recompute(shared, p, receipt, n);
             m.hedges_recompute_won.inc();
         }
         First::Recompute(Err(e)) => {
-            tracing::warn!(session = %p.session_id, error = %e, "hedge: the recompute failed; keeping the fetch");
+            tracing::warn!(session = ?p.session_id, error = %e, "hedge: the recompute failed; keeping the fetch");
             let r = fetch_leg.await?;
-            fill_fetch(shared, p, receipt, &r, plan.hedge_fetch_end * bs);
+            fill_fetch(shared, &src, receipt, &r, plan.hedge_fetch_end * bs);
             set_receipt_action(receipt, MigrationAction::Fetch);
             m.hedges_fetch_won.inc();
         }
@@ -167,13 +181,45 @@ async fn hedge(
     Ok(())
 }
 
-fn fill_fetch(shared: &Shared, p: &Prepared, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
+fn source_of(p: &Prepared) -> Result<String, DaemonError> {
+    p.source.as_ref().map(|(s, _)| s.clone()).ok_or_else(|| DaemonError::internal("fetch without a source"))
+}
+
+/// A fetch from the chosen source failed: tries the other holders that hold the whole planned
+/// range, next best first, while the fetch deadline leaves time (not after a deadline error:
+/// then no time is left for another transfer). Returns the holder that served and its receipt.
+async fn fetch_from_alternates(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    plan: &Planned,
+    events: &Events,
+    failed: &str,
+    e: &DaemonError,
+) -> Option<(String, FetchReceipt)> {
+    if matches!(e, DaemonError::Deadline(_)) {
+        return None;
+    }
+    for (alt, held) in &p.alternates {
+        if (*held as usize) < plan.fetch_end || fetch_deadline(p) <= Instant::now() {
+            continue;
+        }
+        tracing::warn!(session = ?p.session_id, failed, error = %e, next = %alt, "fetch failed; trying the next holder");
+        match fetch(shared, p, alt, plan.fetch_from, plan.fetch_end, events).await {
+            Ok(r) => return Some((alt.clone(), r)),
+            Err(e2) => {
+                tracing::warn!(session = ?p.session_id, source = %alt, error = %e2, "the next holder failed too")
+            }
+        }
+    }
+    None
+}
+
+fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
     receipt.tokens_ready = ready_tokens as u64;
     receipt.bytes_moved = r.bytes;
     receipt.goodput_gbps = r.goodput_bps / 1e9;
     receipt.reconnects = r.reconnects;
     receipt.first_layer_s = r.first_layer.map_or(0.0, |d| d.as_secs_f64());
-    let src = p.source.as_ref().map_or("?", |(s, _)| s.as_str());
     receipt.path = format!(
         "{src} pool -> QUIC (mutual TLS, {} streams) -> {} landing zone",
         shared.config.transfer.streams, shared.config.region
@@ -310,17 +356,18 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
     }
 }
 
-/// Fetches blocks `[from, end)` from the source into the landing zone. A completed fetch's
+/// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
 /// wall time (request to the last verified block landed) feeds the link's calibration.
 async fn fetch(
     shared: &Arc<Shared>,
     p: &Prepared,
+    src: &str,
     from: usize,
     end: usize,
     events: &Events,
 ) -> Result<FetchReceipt, DaemonError> {
     let started = Instant::now();
-    let (src, _) = p.source.clone().ok_or_else(|| DaemonError::internal("fetch without a source"))?;
+    let src = src.to_owned();
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::not_found(src.clone()))?;
     let id =
         RegionId::new(&shared.config.trust_domain, &src).map_err(|e| DaemonError::internal(e.to_string()))?;

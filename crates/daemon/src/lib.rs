@@ -6,7 +6,8 @@
 //! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
 //! socket), [`conn`] (connection caps and timeouts on every gRPC listener), [`http`] +
-//! [`metrics`] (observability), [`error`] (the one mapping to gRPC status).
+//! [`metrics`] (observability), [`error`] (the one mapping to gRPC status), [`reload`] (certificate rotation: TLS files re-read on change and on SIGHUP), [`residency`]
+//! (which regions hold how much of a prefix, for routers).
 //!
 //! [`Daemon::start`] validates the [`Config`] again (a caller may have built it by hand) before
 //! it binds anything, and every listener is bound before it returns; `/readyz` reports them
@@ -27,6 +28,8 @@ pub mod links;
 pub mod metrics;
 pub mod plan;
 pub mod registry;
+pub mod reload;
+pub mod residency;
 pub mod router_tls;
 pub mod service;
 
@@ -71,6 +74,8 @@ pub struct Daemon {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     pub peer_addr: SocketAddr,
+    /// Reloads the TLS files (the watch task calls it; tests may too).
+    pub reloader: Arc<reload::Reloader>,
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
@@ -201,6 +206,8 @@ impl Daemon {
         config.validate()?;
         std::fs::create_dir_all(&config.run_dir)
             .with_context(|| format!("creating {}", config.run_dir.display()))?;
+        // Stamped before the load: a rotation between the load and the first poll still counts.
+        let watched = reload::Reloader::watch_files(&config);
         let (identity, roots) = tls_material(&config)?;
         if identity.id.region != config.region || identity.id.trust_domain != config.trust_domain {
             anyhow::bail!(
@@ -304,7 +311,7 @@ impl Daemon {
         );
 
         // Router API on TCP (mutual TLS when configured), with reflection.
-        let router_tls = router_tls::server_config(&shared.config)?;
+        let router_tls = router_tls::server_config(&shared.config)?.map(router_tls::RouterTlsConfig::new);
         let grpc = tokio::net::TcpListener::bind(shared.config.listen.grpc)
             .await
             .with_context(|| format!("binding {}", shared.config.listen.grpc))?;
@@ -318,9 +325,10 @@ impl Daemon {
             .layer(conn::EdgeLayer)
             .add_service(MigrationServer::new(service::MigrationService { shared: shared.clone() }))
             .add_service(reflection);
-        match router_tls {
+        match &router_tls {
             Some(tls) => {
-                let (incoming, acceptor) = router_tls::incoming(grpc, tls, shared.router_conns.clone());
+                let (incoming, acceptor) =
+                    router_tls::incoming(grpc, tls.clone(), shared.router_conns.clone());
                 tasks.push(acceptor);
                 tasks.push(tokio::spawn(router.serve_with_incoming(incoming)).abort_handle());
             }
@@ -344,8 +352,13 @@ impl Daemon {
         };
         tasks.push(tokio::spawn(http::serve(http, Arc::new(routes), http_bounds)).abort_handle());
 
+        // Certificate rotation: TLS files re-read when they change and on SIGHUP.
+        let reloader = Arc::new(reload::Reloader::new(shared.clone(), router_tls, watched));
+        let poll = Duration::from_millis(shared.config.tls.reload_poll_ms);
+        tasks.push(tokio::spawn(reloader.clone().watch(poll)).abort_handle());
+
         tracing::info!(region = %shared.config.region, grpc = %grpc_addr, router_tls = %shared.config.router_tls.mode, peer = %peer_addr, http = %http_addr,
             run_dir = %shared.config.run_dir.display(), "kvferry daemon ready");
-        Ok(Self { shared, grpc_addr, http_addr, peer_addr, tasks })
+        Ok(Self { shared, grpc_addr, http_addr, peer_addr, reloader, tasks })
     }
 }

@@ -59,11 +59,32 @@ pub struct Metrics {
     pub recompute_cancels: Counter,
     /// ...and the engines' acknowledgements (RecomputeDone with `cancelled`).
     pub recompute_cancels_acked: Counter,
+    /// TLS reloads by listener (peer, router) and result.
+    pub tls_reloads_peer: Counter,
+    pub tls_refused_peer: Counter,
+    pub tls_reloads_router: Counter,
+    pub tls_refused_router: Counter,
     pub last_goodput_gbps: Gauge,
     pub last_prediction_error: Gauge,
 }
 
 impl Metrics {
+    /// Counts a reload of `which` that took effect.
+    pub fn tls_reloaded(&self, which: crate::reload::Listener) {
+        match which {
+            crate::reload::Listener::Peer => self.tls_reloads_peer.inc(),
+            crate::reload::Listener::Router => self.tls_reloads_router.inc(),
+        }
+    }
+
+    /// Counts a reload of `which` whose files were refused.
+    pub fn tls_refused(&self, which: crate::reload::Listener) {
+        match which {
+            crate::reload::Listener::Peer => self.tls_refused_peer.inc(),
+            crate::reload::Listener::Router => self.tls_refused_router.inc(),
+        }
+    }
+
     /// Renders the exposition text; `extra` appends per-peer and landing-zone gauges.
     pub fn render(&self, links: &[(String, f64, f64, f64)], landing: (u64, u64, u64)) -> String {
         let mut o = String::new();
@@ -147,6 +168,16 @@ impl Metrics {
             "kvferry_lookup_hit_tokens_total",
             "Tokens Lookup found ready (prefix hit rate = hit / asked).",
             &[("", self.lookup_hit_tokens.get())],
+        );
+        counter(
+            "kvferry_tls_reloads_total",
+            "TLS file reloads (certificate rotation) by listener and result; refused: the old identity stayed.",
+            &[
+                ("listener=\"peer\",result=\"ok\"", self.tls_reloads_peer.get()),
+                ("listener=\"peer\",result=\"refused\"", self.tls_refused_peer.get()),
+                ("listener=\"router\",result=\"ok\"", self.tls_reloads_router.get()),
+                ("listener=\"router\",result=\"refused\"", self.tls_refused_router.get()),
+            ],
         );
         let _ = writeln!(
             o,

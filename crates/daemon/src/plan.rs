@@ -11,7 +11,8 @@ use kvferry_model::{
     Decision as ModelDecision, FetchCalibration, HedgeDecision, HedgePolicy, KvFootprint, KvShape,
     MigrationAction, Mode, PlanReason, Policy, Prediction, RecomputeCalibration, plan_migration,
 };
-use kvferry_proto::v1::{Candidate, Decision, LinkState, MigrateSessionRequest, PolicyMode};
+use kvferry_model::{HolderOffer, SourcePricing, rank_sources, ready_seconds};
+use kvferry_proto::v1::{Candidate, Decision, Holding, LinkState, MigrateSessionRequest, PolicyMode};
 
 use crate::Shared;
 use crate::engine_api::hashes_for;
@@ -40,6 +41,12 @@ pub struct Prepared {
     pub source: Option<(String, u32)>,
     /// Why the source could not be asked, when it could not.
     pub source_note: Option<String>,
+    /// The other holders, next best first (a failed fetch from the source tries them).
+    pub alternates: Vec<(String, u32)>,
+    /// Every region asked, best source first, for the decision.
+    pub holdings: Vec<Holding>,
+    /// Why this source, when several regions hold the prefix.
+    pub source_choice: Option<String>,
     pub figures: Option<Figures>,
     /// The source's serving load, from its answer to the query.
     pub source_load: Option<kvferry_wire::frame::LoadReport>,
@@ -194,6 +201,17 @@ pub async fn prepare(
     r: &MigrateSessionRequest,
     transport_timeout: Option<Duration>,
 ) -> Result<Prepared, DaemonError> {
+    prepare_with(shared, r, transport_timeout, false).await
+}
+
+/// [`prepare`]; with `ask_when_local`, the candidate holders are asked even when the whole
+/// prefix is ready here (the residency view reports every region).
+pub async fn prepare_with(
+    shared: &Arc<Shared>,
+    r: &MigrateSessionRequest,
+    transport_timeout: Option<Duration>,
+    ask_when_local: bool,
+) -> Result<Prepared, DaemonError> {
     let started = Instant::now();
     if r.session_id.is_empty() || r.session_id.len() > MAX_ID_BYTES {
         return Err(DaemonError::invalid(format!(
@@ -251,6 +269,9 @@ pub async fn prepare(
     if !r.source_region.is_empty() && shared.links.peer(&r.source_region).is_none() {
         return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     }
+    if let Some(bad) = r.source_regions.iter().find(|s| shared.links.peer(s).is_none()) {
+        return Err(DaemonError::not_found(format!("unknown region {bad:?} in source_regions")));
+    }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
         r.block_hashes
@@ -291,6 +312,9 @@ pub async fn prepare(
         local_blocks,
         source: None,
         source_note: None,
+        alternates: Vec::new(),
+        holdings: Vec::new(),
+        source_choice: None,
         figures: None,
         source_load: None,
         policy,
@@ -299,10 +323,15 @@ pub async fn prepare(
         engine_load,
         hedge_policy: hedge_policy_of(shared, r),
     };
-    if local_blocks == p.hashes.len() {
+    if local_blocks == p.hashes.len() && !ask_when_local {
         return Ok(p);
     }
-    let regions: Vec<String> = if r.source_region.is_empty() {
+    let regions: Vec<String> = if r.source_region.is_empty() && !r.source_regions.is_empty() {
+        let mut v = r.source_regions.clone();
+        v.sort();
+        v.dedup();
+        v
+    } else if r.source_region.is_empty() {
         shared.links.regions()
     } else if shared.links.peer(&r.source_region).is_some() {
         vec![r.source_region.clone()]
@@ -339,18 +368,19 @@ pub async fn prepare(
     }
     let mut answers = Vec::new();
     let mut notes = Vec::new();
+    let mut holdings = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
         match res {
             Ok(h) => answers.push((region, h.blocks_held, h.load)),
-            Err(e) => notes.push(e.reason().to_owned()),
+            Err(e) => {
+                let note = e.reason().to_owned();
+                holdings.push(Holding { region, reachable: false, note: note.clone(), ..Default::default() });
+                notes.push(note);
+            }
         }
     }
-    if let Some((region, held, load)) = best_source(answers) {
-        p.figures = shared.links.figures(&region).map(|f| capped(f, load.as_ref()));
-        p.source = Some((region, held));
-        p.source_load = load;
-    }
+    choose_source(shared, &mut p, answers, holdings);
     if shared.config.policy.calibrate {
         if let (Some((region, _)), Some(fig)) = (&p.source, &p.figures) {
             p.fetch_cal = shared.calib.fetch(region, fig);
@@ -362,6 +392,72 @@ pub async fn prepare(
         p.source_note = Some(notes.join("; "));
     }
     Ok(p)
+}
+
+/// Ranks the holders that answered by how soon each would make the prefix ready here
+/// ([`kvferry_model::rank_sources`], with each one's live link figures and serving load) and
+/// records the best as the source, the others as alternates, and all in `holdings`
+/// (`unreachable`: the regions that did not answer, listed last).
+fn choose_source(
+    shared: &Shared,
+    p: &mut Prepared,
+    answers: Vec<(String, u32, Option<kvferry_wire::frame::LoadReport>)>,
+    unreachable: Vec<Holding>,
+) {
+    let bs = u64::from(p.block_size);
+    let bytes_per_block = footprint(&p.engine).map_or(0.0, |f| f.bytes_per_token()) * bs as f64;
+    let prof = *p.engine.profile.locked();
+    let pricing = SourcePricing {
+        blocks_total: p.hashes.len() as u64,
+        local_blocks: p.local_blocks as u64,
+        bytes_per_block,
+        recompute_s_per_block: prof.linear_s_per_token * bs as f64,
+    };
+    let offers: Vec<HolderOffer> = answers
+        .iter()
+        .map(|(region, held, load)| {
+            // The holder's own egress cap (from its answer) bounds what its link can give.
+            let f = shared.links.figures(region).map(|f| capped(f, load.as_ref()));
+            HolderOffer {
+                blocks_held: u64::from(*held),
+                rtt_s: f.map_or(f64::INFINITY, |f| f.rtt_s),
+                goodput_bps: f.map_or(0.0, |f| f.goodput_bps),
+                fetch_utilization: load
+                    .as_ref()
+                    .map_or(0.0, |l| fetch_utilization(l.staging_used, l.staging_bound)),
+            }
+        })
+        .collect();
+    let ranked = rank_sources(&offers, &pricing);
+    let holding = |i: usize| Holding {
+        region: answers[i].0.clone(),
+        tokens: u64::from(answers[i].1) * bs,
+        reachable: true,
+        predicted_s: ready_seconds(&offers[i], &pricing),
+        note: String::new(),
+    };
+    p.holdings = ranked.iter().map(|&i| holding(i)).collect();
+    // Regions that answered but hold nothing new, then the unreachable ones.
+    p.holdings.extend((0..answers.len()).filter(|i| !ranked.contains(i)).map(holding));
+    p.holdings.extend(unreachable);
+    let Some(&best) = ranked.first() else { return };
+    p.source = Some((answers[best].0.clone(), answers[best].1));
+    p.source_load = answers[best].2;
+    p.figures = shared.links.figures(&answers[best].0).map(|f| capped(f, answers[best].2.as_ref()));
+    p.alternates = ranked[1..].iter().map(|&i| (answers[i].0.clone(), answers[i].1)).collect();
+    if ranked.len() > 1 {
+        let others: Vec<String> = p.holdings[1..ranked.len()]
+            .iter()
+            .map(|h| format!("{} {:.3} s", h.region, h.predicted_s))
+            .collect();
+        p.source_choice = Some(format!(
+            "source {} of {} holders: ready in {:.3} s over its link, vs {}",
+            p.holdings[0].region,
+            ranked.len(),
+            p.holdings[0].predicted_s,
+            others.join(", ")
+        ));
+    }
 }
 
 /// The KV footprint of an engine's layout.
@@ -451,8 +547,9 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         has_tokens: p.has_tokens(),
     };
     let remaining_s = p.deadline.saturating_duration_since(Instant::now()).as_secs_f64();
-    let reason = |r: &PlanReason| match (r, &p.source_note) {
-        (PlanReason::NoSourceHolds, Some(n)) => format!("{r} ({n})"),
+    let reason = |r: &PlanReason| match (r, &p.source_note, &p.source_choice) {
+        (PlanReason::NoSourceHolds, Some(n), _) => format!("{r} ({n})"),
+        (_, _, Some(c)) => format!("{r}; {c}"),
         _ => r.to_string(),
     };
     let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
@@ -536,6 +633,7 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
             l.fetch_utilization = source_utilization(p);
             l
         }),
+        holdings: p.holdings.clone(),
         ..Default::default()
     };
     if let Some(d) = &planned.model {

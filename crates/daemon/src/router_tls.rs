@@ -5,6 +5,10 @@
 //! (no client certificate, one from another CA) is logged with its reason and never reaches
 //! the service. Handshakes run concurrently, each bounded in time, off the accept loop.
 //!
+//! The configuration in use sits in a [`RouterTlsConfig`], read once per accepted connection:
+//! a reload ([`crate::reload`]) replaces it for new handshakes while established router
+//! connections keep theirs.
+//!
 //! Dev mode reuses the dev CA of `tls.dev_dir`: it issues the router server certificate and a
 //! router client certificate for `kvferry migrate` ([`ensure_dev_router_client`]).
 
@@ -31,6 +35,26 @@ use crate::conn::{ConnTable, Guarded};
 /// File names of the dev router client identity in `tls.dev_dir`.
 pub const DEV_CLIENT_CERT: &str = "router-client.pem";
 pub const DEV_CLIENT_KEY: &str = "router-client.key";
+
+/// The router API's TLS configuration in use now; replaced whole on a reload.
+#[derive(Debug)]
+pub struct RouterTlsConfig(std::sync::Mutex<Arc<rustls::ServerConfig>>);
+
+impl RouterTlsConfig {
+    pub fn new(c: Arc<rustls::ServerConfig>) -> Arc<Self> {
+        Arc::new(Self(std::sync::Mutex::new(c)))
+    }
+
+    /// The configuration new handshakes use.
+    pub fn current(&self) -> Arc<rustls::ServerConfig> {
+        kvferry_pool::sync::LockExt::locked(&self.0).clone()
+    }
+
+    /// Replaces it (established connections keep the one they were accepted with).
+    pub fn replace(&self, c: Arc<rustls::ServerConfig>) {
+        *kvferry_pool::sync::LockExt::locked(&self.0) = c;
+    }
+}
 
 /// The rustls server configuration for the router API, or `None` with `router_tls.mode = "off"`.
 pub fn server_config(cfg: &Config) -> anyhow::Result<Option<Arc<rustls::ServerConfig>>> {
@@ -253,15 +277,15 @@ impl AsyncWrite for RouterTlsStream {
 /// counts handshakes in progress), runs each TLS handshake in its own task bounded by
 /// `listeners.handshake_timeout_ms` (or until the table closes the connection), and yields
 /// the established streams. Refused handshakes are logged with the reason. The returned task
-/// owns the listener; abort it to stop accepting.
+/// owns the listener; abort it to stop accepting. Each handshake uses the configuration
+/// `config` holds when the connection is accepted (certificate rotation).
 pub fn incoming(
     listener: TcpListener,
-    config: Arc<rustls::ServerConfig>,
+    config: Arc<RouterTlsConfig>,
     table: Arc<ConnTable>,
 ) -> (tokio_stream::wrappers::ReceiverStream<std::io::Result<GuardedTls>>, tokio::task::AbortHandle) {
     let (tx, rx) = mpsc::channel(64);
     let handshake_timeout = table.limits.handshake;
-    let acceptor = tokio_rustls::TlsAcceptor::from(config);
     let task = tokio::spawn(async move {
         loop {
             let (tcp, peer) = match listener.accept().await {
@@ -277,7 +301,7 @@ pub fn incoming(
                 return;
             }
             let Some(admission) = table.admit() else { continue };
-            let (acceptor, tx) = (acceptor.clone(), tx.clone());
+            let (acceptor, tx) = (tokio_rustls::TlsAcceptor::from(config.current()), tx.clone());
             tokio::spawn(async move {
                 // Registered before the check, so a close between the two is not missed.
                 let state = admission.state.clone();

@@ -1,6 +1,7 @@
 //! The router-facing gRPC service (`kvferry.v1.Migration`): `MigrateSession` streams the
 //! decision, progress and the receipt; `PlanMigration` returns the decision alone;
-//! `GetLinks` reports each peer's live figures. Bearer-token authentication, when configured,
+//! `GetLinks` reports each peer's live figures; `GetResidency` which regions hold how much of a
+//! prefix ([`crate::residency`]). Bearer-token authentication, when configured,
 //! is checked here before anything else.
 
 use std::sync::Arc;
@@ -9,7 +10,8 @@ use std::time::Instant;
 use kvferry_model::MigrationAction;
 use kvferry_proto::v1::migration_server::Migration;
 use kvferry_proto::v1::{
-    Decision, GetLinksRequest, GetLinksResponse, MigrateSessionRequest, MigrationEvent, migration_event,
+    Decision, GetLinksRequest, GetLinksResponse, MigrateSessionRequest, MigrationEvent, ResidencyRequest,
+    ResidencyResponse, migration_event,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -203,6 +205,15 @@ impl Migration for MigrationService {
             .map(|(id, reported, e)| engine_calibration(id, *reported, e))
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
+    }
+
+    async fn get_residency(
+        &self,
+        req: Request<ResidencyRequest>,
+    ) -> Result<Response<ResidencyResponse>, Status> {
+        self.authorise(&req)?;
+        let timeout = timeout_of(&req);
+        Ok(Response::new(crate::residency::residency(&self.shared, req.into_inner(), timeout).await?))
     }
 }
 

@@ -18,6 +18,7 @@
 //! - [`decision`]: [`decide`], the single entry point.
 //! - [`migration`]: the rules around [`decide`] that make a migration's plan
 //!   ([`plan_migration`]: already local, nothing to fetch, deadline; [`MigrationAction`]).
+//! - [`source`]: ranking several holders of a prefix by how soon each makes it ready.
 //! - [`presets`]: model shapes and accelerator peaks with sources.
 //! - [`calibration`]: fetch and recompute costs learnt online from measured outcomes, with
 //!   uncertainty bands, and the hedging rule.
@@ -32,6 +33,7 @@ pub mod link;
 pub mod migration;
 pub mod presets;
 pub mod queue;
+pub mod source;
 pub mod split;
 
 pub use calibration::{
@@ -48,4 +50,5 @@ pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
 pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_hedge, plan_migration};
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
+pub use source::{HolderOffer, SourcePricing, rank_sources, ready_seconds};
 pub use split::{SplitInputs, SplitPoint};

@@ -14,10 +14,10 @@ pub mod tls;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
-pub use node::{BlockCatalog, FetchPolicy, PeerConfig, PeerNode, Served};
+pub use node::{BlockCatalog, Credentials, FetchPolicy, PeerConfig, PeerNode, Rotation, Served};
 pub use pool_io::PoolChunks;
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;
 pub use requester::{FetchReceipt, FetchSpec};
-pub use tls::{DevPki, RegionId, TlsIdentity, TrustPolicy};
+pub use tls::{DevPki, PeerSide, RegionId, TlsIdentity, TrustPolicy};
 pub use transport::{Congestion, LinkTuning};

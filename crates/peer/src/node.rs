@@ -11,22 +11,35 @@
 //!
 //! This module depends on none of them but the budget and the router (the state it holds), so
 //! the drivers depend on the node and not the other way round.
+//!
+//! Certificate rotation ([`PeerNode::reload_tls`]): the node's identity and CA bundle are one
+//! value ([`Credentials`]) swapped whole. New handshakes, both ways, use the new one; a
+//! connection already open keeps running (its transfers finish) unless its peer's chain no
+//! longer verifies against the new bundle: then it is *retired* — taken out of the connection
+//! cache so that nothing new starts on it, and closed once no transfer, query or probe uses it
+//! (counted per connection by [`PeerNode::in_use`]).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use kvferry_wire::{LocalError, WireError};
 use quinn::crypto::rustls::QuicClientConfig;
 use quinn::{Connection, Endpoint, VarInt};
+use rustls::RootCertStore;
+use rustls::pki_types::{CertificateDer, UnixTime};
 
 use crate::budget::Budget;
 use crate::io::{ChunkSource, conn_err, from_conn_error};
 use crate::router::{StreamRouter, route_streams};
-use crate::tls::{RegionId, TlsIdentity, TrustPolicy, client_crypto};
+use crate::tls::{
+    IdentityError, PeerSide, RegionId, TlsIdentity, TrustPolicy, chain_still_trusted, check_identity,
+    client_crypto,
+};
 use crate::transport::LinkTuning;
 use kvferry_pool::sync::LockExt;
 
@@ -74,10 +87,33 @@ impl Default for FetchPolicy {
     }
 }
 
+/// The TLS material a node uses for new handshakes: its identity and the CA bundle peers'
+/// chains must verify against. Replaced whole by [`PeerNode::reload_tls`].
+#[derive(Debug, Clone)]
+pub struct Credentials {
+    pub identity: TlsIdentity,
+    pub roots: Arc<RootCertStore>,
+}
+
+/// What a reload did to the connections it found open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rotation {
+    /// Connections whose peer still verifies against the new bundle: kept as they are.
+    pub kept: usize,
+    /// Connections whose peer no longer verifies: closed once idle, never used again.
+    pub retired: usize,
+}
+
+/// A retired connection waits at least this long before it is closed, even when idle, so
+/// that a job that took it from the cache just before the reload has marked it in use.
+const RETIRE_GRACE: Duration = Duration::from_millis(500);
+
 /// Configuration of a peer endpoint.
 #[derive(Debug, Clone)]
 pub struct PeerConfig {
+    /// The identity at start; [`PeerNode::reload_tls`] may replace it (same region).
     pub identity: TlsIdentity,
+    /// Trust at start; a reload replaces its `roots` (trust domain and allow-list stay).
     pub policy: TrustPolicy,
     pub listen: SocketAddr,
     pub tuning: LinkTuning,
@@ -105,6 +141,38 @@ pub struct PeerNode {
     /// Chunks fetched from peers that failed verification (each was refetched or ended its
     /// transfer; none was landed).
     pub(crate) verify_failures: AtomicU64,
+    /// Identity and roots for new handshakes.
+    pub(crate) creds: Mutex<Arc<Credentials>>,
+    /// Jobs using each connection now (by `stable_id`).
+    pub(crate) uses: Mutex<HashMap<usize, u32>>,
+    /// Connections retired by a reload, with when; closed once idle.
+    pub(crate) retiring: Mutex<Vec<(Connection, Instant)>>,
+    /// Whether the task closing retired connections runs.
+    pub(crate) reaping: AtomicBool,
+    /// Successful reloads so far.
+    pub(crate) reloads: AtomicU64,
+}
+
+/// Marks a connection in use by one job until dropped.
+pub(crate) struct InUse<'a> {
+    node: &'a PeerNode,
+    id: usize,
+}
+
+impl Drop for InUse<'_> {
+    fn drop(&mut self) {
+        let mut u = self.node.uses.locked();
+        if let Some(n) = u.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                u.remove(&self.id);
+            }
+        }
+    }
+}
+
+fn peer_chain(conn: &Connection) -> Option<Vec<CertificateDer<'static>>> {
+    conn.peer_identity().and_then(|a| a.downcast::<Vec<CertificateDer<'static>>>().ok()).map(|b| *b)
 }
 
 impl std::fmt::Debug for PeerNode {
@@ -114,6 +182,90 @@ impl std::fmt::Debug for PeerNode {
 }
 
 impl PeerNode {
+    /// Marks `conn` in use by the caller's job (a transfer, served or fetched, a query, a probe)
+    /// until the guard drops: a retired connection is closed only when no job uses it.
+    pub(crate) fn in_use(&self, conn: &Connection) -> InUse<'_> {
+        let id = conn.stable_id();
+        *self.uses.locked().entry(id).or_insert(0) += 1;
+        InUse { node: self, id }
+    }
+
+    /// The identity and roots new handshakes use now.
+    pub fn credentials(&self) -> Arc<Credentials> {
+        self.creds.locked().clone()
+    }
+
+    /// Successful [`PeerNode::reload_tls`] calls so far.
+    pub fn tls_reloads(&self) -> u64 {
+        self.reloads.load(Ordering::Relaxed)
+    }
+
+    /// Connections retired by a reload and not closed yet (still in use, or in their grace).
+    pub fn retiring_connections(&self) -> usize {
+        self.retiring.locked().iter().filter(|(c, _)| c.close_reason().is_none()).count()
+    }
+
+    /// Replaces this node's identity and CA bundle without a restart (certificate rotation).
+    ///
+    /// The candidate is checked first ([`check_identity`]: same region, key matches, chains to
+    /// the new bundle); a refused one changes nothing — the old identity keeps serving. Then
+    /// new handshakes, accepted and dialled, use the new material; open connections whose peer
+    /// still verifies against the new bundle are kept, the others retired (no new job starts
+    /// on them; they close once their transfers finished).
+    pub fn reload_tls(
+        self: &Arc<Self>,
+        identity: TlsIdentity,
+        roots: Arc<RootCertStore>,
+    ) -> Result<Rotation, IdentityError> {
+        check_identity(&identity, &roots, &self.cfg.identity.id)?;
+        let policy = TrustPolicy { roots: roots.clone(), ..self.cfg.policy.clone() };
+        let server = crate::owner::quic_server_config(&identity, &policy, &self.cfg.tuning)?;
+        self.endpoint.set_server_config(Some(server));
+        *self.creds.locked() = Arc::new(Credentials { identity, roots: roots.clone() });
+        self.reloads.fetch_add(1, Ordering::Relaxed);
+
+        let now = UnixTime::now();
+        let trusted = |c: &Connection, side| {
+            c.close_reason().is_none()
+                && peer_chain(c).is_some_and(|chain| chain_still_trusted(&chain, &roots, side, now))
+        };
+        let mut rotation = Rotation::default();
+        let mut retired = Vec::new();
+        self.conns.locked().retain(|_, c| {
+            if c.close_reason().is_some() {
+                false
+            } else if trusted(c, PeerSide::Server) {
+                rotation.kept += 1;
+                true
+            } else {
+                retired.push(c.clone());
+                false
+            }
+        });
+        self.incoming.locked().retain(|c| {
+            if c.close_reason().is_some() {
+                false
+            } else if trusted(c, PeerSide::Client) {
+                rotation.kept += 1;
+                true
+            } else {
+                retired.push(c.clone());
+                false
+            }
+        });
+        rotation.retired = retired.len();
+        if !retired.is_empty() {
+            let at = Instant::now();
+            self.retiring.locked().extend(retired.into_iter().map(|c| (c, at)));
+            if !self.reaping.swap(true, Ordering::AcqRel) {
+                tokio::spawn(reap_retired(self.clone()));
+            }
+        }
+        tracing::info!(id = %self.cfg.identity.id, kept = rotation.kept, retired = rotation.retired,
+            "peer TLS identity reloaded; new connections use it");
+        Ok(rotation)
+    }
+
     /// Chunks fetched by this node that failed verification so far (none of them landed).
     pub fn verify_failures(&self) -> u64 {
         self.verify_failures.load(Ordering::Relaxed)
@@ -192,7 +344,8 @@ impl PeerNode {
         {
             return Ok(c);
         }
-        let tls = client_crypto(&self.cfg.identity, self.cfg.policy.roots.clone(), peer)
+        let creds = self.credentials();
+        let tls = client_crypto(&creds.identity, creds.roots.clone(), peer)
             .map_err(|e| LocalError::Setup(e.to_string()))?;
         let quic = QuicClientConfig::try_from(tls).map_err(|e| LocalError::Setup(e.to_string()))?;
         let mut client = quinn::ClientConfig::new(Arc::new(quic));
@@ -208,5 +361,39 @@ impl PeerNode {
         tokio::spawn(route_streams(conn.clone(), self.fetch_budget.clone(), router));
         self.conns.locked().insert(peer.clone(), conn.clone());
         Ok(conn)
+    }
+}
+
+/// Closes retired connections once no job uses them (and their grace has passed); ends when
+/// none is left.
+async fn reap_retired(node: Arc<PeerNode>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let idle: Vec<Connection> = {
+            let uses = node.uses.locked();
+            let mut r = node.retiring.locked();
+            let mut idle = Vec::new();
+            r.retain(|(c, at)| {
+                if c.close_reason().is_some() {
+                    return false;
+                }
+                if at.elapsed() >= RETIRE_GRACE && !uses.contains_key(&c.stable_id()) {
+                    idle.push(c.clone());
+                    return false;
+                }
+                true
+            });
+            idle
+        };
+        for c in idle {
+            tracing::info!(remote = %c.remote_address(), "closing a connection whose peer the reloaded CA bundle no longer trusts");
+            c.close(VarInt::from_u32(4), b"peer no longer trusted after a CA rotation");
+        }
+        // Decide to stop under the lock that reload_tls extends the list under.
+        let r = node.retiring.locked();
+        if r.is_empty() {
+            node.reaping.store(false, Ordering::Release);
+            return;
+        }
     }
 }

@@ -6,7 +6,7 @@
 //! load, a `Probe` by [`crate::probe`]; no KV byte is read for either.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -19,24 +19,41 @@ use tokio::sync::mpsc;
 
 use crate::budget::{Budget, Leased};
 use crate::io::{AbortOnDrop, control_reader, read_frame, write_frame};
-use crate::node::{BlockCatalog, PeerConfig, PeerNode};
-use crate::tls::{RegionId, identity_of, server_crypto};
-use crate::transport::bind_udp;
+use crate::node::{BlockCatalog, Credentials, PeerConfig, PeerNode};
+use crate::tls::{IdentityError, RegionId, TlsIdentity, TrustPolicy, identity_of, server_crypto};
+use crate::transport::{LinkTuning, bind_udp};
 use kvferry_pool::sync::LockExt;
+
+/// The QUIC server configuration for `identity` under `policy` (at start and on a reload).
+pub(crate) fn quic_server_config(
+    identity: &TlsIdentity,
+    policy: &TrustPolicy,
+    tuning: &LinkTuning,
+) -> Result<quinn::ServerConfig, IdentityError> {
+    let tls = server_crypto(identity, policy)?;
+    let quic = QuicServerConfig::try_from(tls).map_err(|e| IdentityError::Config(e.to_string()))?;
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    server.transport_config(Arc::new(tuning.transport()));
+    Ok(server)
+}
 
 impl PeerNode {
     /// Binds the endpoint and starts serving.
     pub fn start(cfg: PeerConfig, catalog: Arc<dyn BlockCatalog>) -> Result<Arc<Self>, WireError> {
-        let tls = server_crypto(&cfg.identity, &cfg.policy).map_err(|e| LocalError::Setup(e.to_string()))?;
-        let quic = QuicServerConfig::try_from(tls).map_err(|e| LocalError::Setup(e.to_string()))?;
-        let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-        server.transport_config(Arc::new(cfg.tuning.transport()));
+        let server = quic_server_config(&cfg.identity, &cfg.policy, &cfg.tuning)
+            .map_err(|e| LocalError::Setup(e.to_string()))?;
         let (socket, _, _) = bind_udp(cfg.listen, cfg.tuning.socket_buffer_bytes)
             .map_err(|e| LocalError::Setup(e.to_string()))?;
         let endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, Arc::new(TokioRuntime))
             .map_err(|e| LocalError::Setup(e.to_string()))?;
+        let creds = Arc::new(Credentials { identity: cfg.identity.clone(), roots: cfg.policy.roots.clone() });
         let node = Arc::new(Self {
             endpoint,
+            creds: Mutex::new(creds),
+            uses: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
+            reaping: AtomicBool::new(false),
+            reloads: AtomicU64::new(0),
             serve_budget: Budget::new(cfg.staging_bytes),
             fetch_budget: Budget::new(cfg.staging_bytes),
             cfg,
@@ -92,6 +109,7 @@ async fn accept_loop(node: Arc<PeerNode>) {
                 let conn = conn.clone();
                 let peer = peer.clone();
                 tokio::spawn(async move {
+                    let _in_use = node.in_use(&conn);
                     if let Err(e) = serve_transfer(&node, &conn, &peer, send, recv).await {
                         tracing::info!(peer = %peer, error = %e, "serving a transfer ended with an error");
                     }

@@ -57,6 +57,7 @@ impl PeerNode {
     ) -> Result<ProbeReceipt, WireError> {
         let run = async {
             let conn = self.connect(peer, addr).await?;
+            let _in_use = self.in_use(&conn);
             let t0 = Instant::now();
             let (mut send, mut recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
             let transfer_id: u128 = rand::random();

@@ -41,6 +41,7 @@ impl PeerNode {
     ) -> Result<Holdings, WireError> {
         let work = async {
             let conn = self.connect(peer, addr).await?;
+            let _in_use = self.in_use(&conn);
             let (mut send, mut recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
             let t0 = Instant::now();
             let req = FetchRequest {

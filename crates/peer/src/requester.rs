@@ -124,6 +124,7 @@ impl PeerNode {
         let conn = tokio::time::timeout(remaining, self.connect(peer, addr))
             .await
             .map_err(|_| WireError::DeadlineExceeded)??;
+        let _in_use = self.in_use(&conn);
         let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
 
         let (ctl_tx, mut ctl_rx) = mpsc::channel::<Result<Frame, WireError>>(16);

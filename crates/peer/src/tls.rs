@@ -309,6 +309,87 @@ pub fn client_crypto(
     Ok(c)
 }
 
+/// Which side of a live connection the peer was when its chain was verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerSide {
+    /// The peer dialled us: its chain was checked as a client certificate.
+    Client,
+    /// We dialled the peer: its chain was checked as a server certificate.
+    Server,
+}
+
+/// Whether a chain a peer presented still verifies against `roots` at `now`: the check a
+/// rotation of the trust bundle runs over the connections it finds open (a connection whose
+/// peer is no longer trusted is retired; the identity checks of the handshake are not
+/// repeated, the identity itself cannot have changed on a live connection).
+pub fn chain_still_trusted(
+    chain: &[CertificateDer<'static>],
+    roots: &Arc<RootCertStore>,
+    side: PeerSide,
+    now: UnixTime,
+) -> bool {
+    let Some((leaf, intermediates)) = chain.split_first() else { return false };
+    let provider = provider();
+    match side {
+        PeerSide::Server => {
+            let Ok(cert) = ParsedCertificate::try_from(leaf) else { return false };
+            rustls::client::verify_server_cert_signed_by_trust_anchor(
+                &cert,
+                roots,
+                intermediates,
+                now,
+                provider.signature_verification_algorithms.all,
+            )
+            .is_ok()
+        }
+        PeerSide::Client => {
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider)
+                .build()
+                .is_ok_and(|v| v.verify_client_cert(leaf, intermediates, now).is_ok())
+        }
+    }
+}
+
+/// Checks a candidate identity before a node adopts it (a reload): it must name `expected`,
+/// its key must match its certificate, and its own chain must verify against `roots` as a
+/// server certificate now — a bundle that does not trust this daemon's own certificate would
+/// not let its peers (who share the bundle) trust it either. Builds the server configuration
+/// as a last check, so that what passes here also starts serving.
+pub fn check_identity(
+    me: &TlsIdentity,
+    roots: &Arc<RootCertStore>,
+    expected: &RegionId,
+) -> Result<(), IdentityError> {
+    if &me.id != expected {
+        return Err(IdentityError::Unexpected { got: me.id.uri(), want: expected.uri() });
+    }
+    if !chain_still_trusted(&me.chain, roots, PeerSide::Server, UnixTime::now()) {
+        return Err(IdentityError::Config(format!(
+            "the certificate of {} does not verify against the CA bundle (another CA, expired, or not a server certificate)",
+            me.id
+        )));
+    }
+    let policy = TrustPolicy {
+        roots: roots.clone(),
+        trust_domain: me.id.trust_domain.clone(),
+        allowed_regions: vec![],
+    };
+    server_crypto(me, &policy).map(|_| ())
+}
+
+impl TlsIdentity {
+    /// The chain and the key as PEM text (certificate, key), as `tls.mode = "files"` reads them.
+    pub fn to_pem(&self) -> (String, String) {
+        let chain: String = self.chain.iter().map(|c| pem_encode("CERTIFICATE", c.as_ref())).collect();
+        let label = match &self.key {
+            PrivateKeyDer::Pkcs1(_) => "RSA PRIVATE KEY",
+            PrivateKeyDer::Sec1(_) => "EC PRIVATE KEY",
+            _ => "PRIVATE KEY",
+        };
+        (chain, pem_encode(label, self.key.secret_der()))
+    }
+}
+
 /// A throwaway CA for development and tests.
 pub struct DevPki {
     trust_domain: String,
@@ -379,6 +460,11 @@ impl DevPki {
     /// The CA certificate.
     pub fn ca(&self) -> &CertificateDer<'static> {
         &self.ca_der
+    }
+
+    /// The CA certificate as PEM text (a `tls.ca` bundle).
+    pub fn ca_pem(&self) -> String {
+        pem_encode("CERTIFICATE", self.ca_der.as_ref())
     }
 
     /// A root store holding this CA.

@@ -532,3 +532,101 @@ async fn a_query_reports_holdings_and_load_without_reading_kv() {
         .unwrap_err();
     assert!(matches!(e, WireError::Refused { code: RefusalCode::TenantMismatch, .. }), "{e:?}");
 }
+
+/// Waits until `node` has closed every connection it retired (bounded).
+async fn retired_connections_close(node: &PeerNode) {
+    let t = Instant::now();
+    while node.retiring_connections() > 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "retired connections stayed open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_rotation_mid_transfer_lets_it_finish_and_new_connections_use_the_new_ca() {
+    let s = setup(80, 40, |x| x); // 200 MiB; the slow sink stretches it over ~1 s
+    let dst = s.requester("dst", 64 << 20);
+    let sink =
+        Arc::new(SlowSink { inner: s.sink(), delay: Duration::from_millis(20), landed: AtomicU64::new(0) });
+    let fetch = {
+        let dst = dst.clone();
+        let (id, addr, spec, sink) =
+            (s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(60)), sink.clone());
+        tokio::spawn(async move { dst.fetch(&id, addr, spec, sink).await })
+    };
+    while sink.landed.load(Ordering::Relaxed) < 5 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Both sides move to a new CA mid-transfer, dropping the old one from their bundles.
+    let ca2 = DevPki::generate(TD).unwrap();
+    let r_owner = s.owner.reload_tls(ca2.issue("src").unwrap(), ca2.roots()).unwrap();
+    let r_dst = dst.reload_tls(ca2.issue("dst").unwrap(), ca2.roots()).unwrap();
+    // The connection between them verified against the old CA: retired on both sides.
+    assert_eq!((r_owner.retired, r_dst.retired), (1, 1), "{r_owner:?} {r_dst:?}");
+    assert!(!fetch.is_finished(), "the transfer ended before the rotation; make it longer");
+    // ...and still carries the established transfer to the end: no reconnect, every byte.
+    let r = fetch.await.unwrap().unwrap();
+    assert_eq!((r.blocks, r.reconnects), (40, 0), "{r:?}");
+    s.assert_identical();
+    retired_connections_close(&s.owner).await;
+    retired_connections_close(&dst).await;
+
+    // A new fetch dials a new connection, authenticated with the new identities both ways.
+    let fresh = || Arc::new(PoolChunks::new(s.layout.clone(), s.dst_backend.clone(), s.dst_ids.clone()));
+    let r =
+        dst.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), fresh()).await.unwrap();
+    assert_eq!((r.blocks, r.reconnects), (40, 0), "{r:?}");
+    // A requester still on the old CA is refused by the rotated owner, before any KV byte.
+    let read_before = s.counting.bytes.load(Ordering::Relaxed);
+    let stale = node(s.pki.issue("dst").unwrap(), &s.pki, &["src"], s.catalog.clone(), 8 << 20);
+    let e = stale
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), fresh())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
+    assert_eq!(s.counting.bytes.load(Ordering::Relaxed), read_before);
+    assert_eq!((s.owner.tls_reloads(), dst.tls_reloads()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaf_rotation_under_the_same_ca_keeps_open_connections() {
+    let s = setup(4, 4, |x| x);
+    let dst = s.requester("dst", 8 << 20);
+    dst.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), s.sink()).await.unwrap();
+    // cert-manager's daily renewal: a new key and certificate from the same CA.
+    let r = s.owner.reload_tls(s.pki.issue("src").unwrap(), s.pki.roots()).unwrap();
+    assert_eq!((r.kept, r.retired), (1, 0), "{r:?}");
+    let r = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), s.sink())
+        .await
+        .unwrap();
+    assert_eq!(r.reconnects, 0);
+    s.assert_identical();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_new_identity_is_refused_and_the_old_one_keeps_serving() {
+    let s = setup(4, 4, |x| x);
+    let other = DevPki::generate(TD).unwrap();
+    let good = s.pki.issue("src").unwrap();
+    // Another region's certificate; one from a CA the new bundle lacks; a key that is not the
+    // certificate's (a half-written rotation).
+    let wrong_region = s.pki.issue("eu").unwrap();
+    let foreign = other.issue("src").unwrap();
+    let mismatched = TlsIdentity { key: s.pki.issue("src").unwrap().key, ..good.clone() };
+    for (what, id) in
+        [("another region", wrong_region), ("another CA", foreign), ("a mismatched key", mismatched)]
+    {
+        let e = s.owner.reload_tls(id, s.pki.roots());
+        assert!(e.is_err(), "{what} was accepted");
+    }
+    assert_eq!(s.owner.tls_reloads(), 0);
+    // The old identity still serves new connections.
+    let dst = s.requester("dst", 8 << 20);
+    let r = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), s.sink())
+        .await
+        .unwrap();
+    assert_eq!(r.blocks, 4);
+    s.assert_identical();
+}

@@ -1,5 +1,6 @@
 """A router client for kvferry's Migration API: `MigrateSession` (decision, progress and
-receipt as a stream), `PlanMigration`, `GetLinks`; plain TCP, bearer token, or mutual TLS."""
+receipt as a stream), `PlanMigration`, `GetLinks`, `GetResidency` (which regions hold how much
+of a prefix); plain TCP, bearer token, or mutual TLS."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class RouterClient:
         target_engine: str = "",
         deadline_ms: int = 0,
         allow_split: bool = False,
+        source_regions: Sequence[str] = (),
     ) -> pb.MigrateSessionRequest:
         if policy not in POLICIES:
             raise ValueError(f"policy {policy!r} is not one of {sorted(POLICIES)}")
@@ -69,6 +71,7 @@ class RouterClient:
             model_id=model_id,
             token_ids=list(token_ids),
             source_region=source_region,
+            source_regions=list(source_regions),
             target_engine=target_engine,
             deadline_ms=deadline_ms,
             policy=pb.Policy(mode=POLICIES[policy], allow_split=allow_split),
@@ -94,6 +97,25 @@ class RouterClient:
 
     def links(self) -> pb.GetLinksResponse:
         return self._stub.GetLinks(pb.GetLinksRequest(), timeout=self.timeout_s, metadata=self._metadata)
+
+    def residency(
+        self,
+        tenant: str,
+        token_ids: Sequence[int],
+        model_id: str = "",
+        regions: Sequence[str] = (),
+        deadline_ms: int = 0,
+    ) -> pb.ResidencyResponse:
+        """How much of the prefix each region holds now: this daemon's region first, then its
+        peers (best source first; unreachable ones last, `reachable` false)."""
+        req = pb.ResidencyRequest(
+            tenant=tenant,
+            model_id=model_id,
+            token_ids=list(token_ids),
+            regions=list(regions),
+            deadline_ms=deadline_ms,
+        )
+        return self._stub.GetResidency(req, timeout=self.timeout_s, metadata=self._metadata)
 
     def close(self) -> None:
         self._channel.close()

@@ -1,6 +1,7 @@
-//! A two-region cluster of real processes (two `kvferry daemon`s, two `kvferry engine`s on
-//! loopback), configurable per region, for the CLI's integration tests: a change to each
-//! daemon's [`Config`] (written out with `Config::to_toml`), extra engine flags per region.
+//! A cluster of real processes (a `kvferry daemon` and a `kvferry engine` per region on
+//! loopback; two regions, or three with [`Cluster::start_regions`]), configurable per region,
+//! for the CLI's integration tests: a change to each daemon's [`Config`] (written out with
+//! `Config::to_toml`), extra engine flags per region.
 #![allow(dead_code)]
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -19,13 +20,13 @@ use kvferry_proto::v1::{
 use tonic::transport::{Channel, Endpoint};
 
 pub const TENANT: &str = "tenant-it";
-pub const NAMES: [&str; 2] = ["region-a", "region-b"];
+pub const NAMES: [&str; 3] = ["region-a", "region-b", "region-c"];
 
 /// Per-region knobs.
 #[derive(Debug, Default, Clone)]
 pub struct RegionSpec {
-    /// Applied to the daemon's config after the cluster's own settings (its one peer is
-    /// `peers[0]`).
+    /// Applied to the daemon's config after the cluster's own settings (its peers are the
+    /// other regions in name order: with two regions, its one peer is `peers[0]`).
     pub configure: Option<fn(&mut Config)>,
     /// Extra `kvferry engine` flags (after the defaults; clap takes the last value).
     pub engine_args: Vec<String>,
@@ -36,8 +37,8 @@ pub struct RegionSpec {
 pub struct Cluster {
     pub root: tempfile::TempDir,
     pub procs: Vec<(String, Child)>,
-    pub grpc: [SocketAddr; 2],
-    pub http: [SocketAddr; 2],
+    pub grpc: Vec<SocketAddr>,
+    pub http: Vec<SocketAddr>,
 }
 
 impl Drop for Cluster {
@@ -108,15 +109,23 @@ impl Cluster {
         self.root.path().join("dev-ca")
     }
 
+    /// Two regions, A and B.
     pub fn start(specs: [RegionSpec; 2]) -> Self {
+        Self::start_regions(&specs)
+    }
+
+    /// One region per spec (at most three: A, B, C), every region a peer of every other.
+    pub fn start_regions(specs: &[RegionSpec]) -> Self {
+        let n = specs.len();
+        assert!((2..=NAMES.len()).contains(&n), "{n} regions");
         let root = tempfile::Builder::new().prefix("kvferry-it-").tempdir().unwrap();
-        let grpc = [free_tcp(), free_tcp()];
-        let http = [free_tcp(), free_tcp()];
-        let peer = [free_udp(), free_udp()];
+        let grpc: Vec<SocketAddr> = (0..n).map(|_| free_tcp()).collect();
+        let http: Vec<SocketAddr> = (0..n).map(|_| free_tcp()).collect();
+        let peer: Vec<SocketAddr> = (0..n).map(|_| free_udp()).collect();
         let dev = root.path().join("dev-ca");
         kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
         let mut procs = Vec::new();
-        for i in 0..2 {
+        for i in 0..n {
             let dir = root.path().join(NAMES[i]);
             std::fs::create_dir_all(&dir).unwrap();
             let mut cfg = Config {
@@ -124,13 +133,16 @@ impl Cluster {
                 trust_domain: "kvferry.e2e".into(),
                 run_dir: dir.clone(),
                 listen: Listen { grpc: grpc[i], peer: peer[i], http: http[i] },
-                peers: vec![Peer {
-                    region: NAMES[1 - i].into(),
-                    addr: peer[1 - i],
-                    gbps: 10.0,
-                    rtt_ms: 1.0,
-                    max_egress_gbps: 0.0,
-                }],
+                peers: (0..n)
+                    .filter(|&j| j != i)
+                    .map(|j| Peer {
+                        region: NAMES[j].into(),
+                        addr: peer[j],
+                        gbps: 10.0,
+                        rtt_ms: 1.0,
+                        max_egress_gbps: 0.0,
+                    })
+                    .collect(),
                 ..Config::default()
             };
             cfg.tls.dev_dir = dev.clone();
@@ -146,7 +158,7 @@ impl Cluster {
                 spawn(&dir.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
             ));
         }
-        for (i, name) in NAMES.into_iter().enumerate() {
+        for (i, name) in NAMES.into_iter().take(n).enumerate() {
             let dir = root.path().join(name);
             wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
             if specs[i].no_engine {
@@ -172,7 +184,7 @@ impl Cluster {
             args.extend(specs[i].engine_args.iter().map(String::as_str));
             procs.push((id.clone(), spawn(&dir.join("engine.log"), &args)));
         }
-        for (i, name) in NAMES.into_iter().enumerate() {
+        for (i, name) in NAMES.into_iter().take(n).enumerate() {
             if !specs[i].no_engine {
                 wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
             }
@@ -281,5 +293,82 @@ pub async fn wait_for_source(router: &mut MigrationClient<Channel>, req: &Migrat
         }
         assert!(t.elapsed() < Duration::from_secs(20), "the source's blocks never became visible: {plan:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Writes `files` into `dir` the way the kubelet updates a mounted Secret (cert-manager's
+/// certificates arrive so): the contents go into a fresh hidden directory, `..data` is swapped
+/// onto it with one rename, and each visible name is a symlink through `..data`. Called again,
+/// it rotates the files atomically; the previous version's directory is removed after the swap.
+pub fn write_secret(dir: &Path, files: &[(&str, &str)]) {
+    use std::os::unix::fs::symlink;
+    std::fs::create_dir_all(dir).unwrap();
+    let version = format!("..{}_{:x}", std::process::id(), rand_suffix());
+    let vdir = dir.join(&version);
+    std::fs::create_dir(&vdir).unwrap();
+    for (name, text) in files {
+        std::fs::write(vdir.join(name), text).unwrap();
+    }
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    symlink(&version, dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    for (name, _) in files {
+        let link = dir.join(name);
+        if std::fs::symlink_metadata(&link).is_err() {
+            symlink(Path::new("..data").join(name), &link).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        let _ = std::fs::remove_dir_all(dir.join(old));
+    }
+}
+
+fn rand_suffix() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// The Secret files of a region identity issued by `pki` (`ca.crt`, `tls.crt`, `tls.key`).
+pub fn identity_secret(dir: &Path, pki: &kvferry_peer::DevPki, region: &str) {
+    let (cert, key) = pki.issue(region).unwrap().to_pem();
+    write_secret(dir, &[("ca.crt", &pki.ca_pem()), ("tls.crt", &cert), ("tls.key", &key)]);
+}
+
+/// A `configure` step: this region's peer identity in `tls.mode = "files"`, issued by the
+/// cluster's dev CA into `<run_dir>/peer-tls` in the kubelet's layout ([`write_secret`]).
+pub fn peer_identity_from_files(c: &mut Config) {
+    let pki = kvferry_peer::DevPki::load_or_create(&c.tls.dev_dir, &c.trust_domain).unwrap();
+    let dir = c.run_dir.join("peer-tls");
+    identity_secret(&dir, &pki, &c.region);
+    c.tls.mode = kvferry_daemon::config::TlsMode::Files;
+    (c.tls.ca, c.tls.cert, c.tls.key) = (dir.join("ca.crt"), dir.join("tls.crt"), dir.join("tls.key"));
+}
+
+impl Cluster {
+    /// The process id of `name` (for signals).
+    pub fn pid(&self, name: &str) -> u32 {
+        self.procs.iter().find(|(n, _)| n == name).map(|(_, c)| c.id()).unwrap()
+    }
+
+    /// Sends SIGHUP to `name`.
+    pub fn sighup(&self, name: &str) {
+        let s = Command::new("kill").args(["-HUP", &self.pid(name).to_string()]).status().unwrap();
+        assert!(s.success(), "kill -HUP {name}");
+    }
+
+    /// Waits until `sample` in region `i`'s `/metrics` reaches `want` (bounded).
+    pub async fn wait_metric(&self, i: usize, sample: &str, want: f64) {
+        let t = Instant::now();
+        loop {
+            let m = self.metrics(i).await;
+            if metric(&m, sample) >= want {
+                return;
+            }
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{sample} never reached {want}:\n{m}\n--- daemon log:\n{}",
+                self.log(i, "daemon")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }

@@ -42,7 +42,7 @@ class Policy(_message.Message):
     def __init__(self, mode: _Optional[_Union[PolicyMode, str]] = ..., allow_split: _Optional[bool] = ..., max_egress_bytes: _Optional[int] = ..., allow_hedge: _Optional[bool] = ...) -> None: ...
 
 class MigrateSessionRequest(_message.Message):
-    __slots__ = ("session_id", "tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "source_region", "target_engine", "deadline_ms", "policy", "deadline_unix_ms")
+    __slots__ = ("session_id", "tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "source_region", "target_engine", "deadline_ms", "policy", "deadline_unix_ms", "source_regions")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class MigrateSessionRequest(_message.Message):
     DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_REGIONS_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     tenant: str
     model_id: str
@@ -65,7 +66,50 @@ class MigrateSessionRequest(_message.Message):
     deadline_ms: int
     policy: Policy
     deadline_unix_ms: int
-    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., source_region: _Optional[str] = ..., target_engine: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    source_regions: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., source_region: _Optional[str] = ..., target_engine: _Optional[str] = ..., deadline_ms: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., deadline_unix_ms: _Optional[int] = ..., source_regions: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ResidencyRequest(_message.Message):
+    __slots__ = ("tenant", "model_id", "layout_fingerprint", "token_ids", "block_hashes", "regions", "deadline_ms")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MODEL_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    model_id: str
+    layout_fingerprint: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    regions: _containers.RepeatedScalarFieldContainer[str]
+    deadline_ms: int
+    def __init__(self, tenant: _Optional[str] = ..., model_id: _Optional[str] = ..., layout_fingerprint: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ..., regions: _Optional[_Iterable[str]] = ..., deadline_ms: _Optional[int] = ...) -> None: ...
+
+class ResidencyResponse(_message.Message):
+    __slots__ = ("region", "prefix_tokens", "holdings")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HOLDINGS_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    prefix_tokens: int
+    holdings: _containers.RepeatedCompositeFieldContainer[Holding]
+    def __init__(self, region: _Optional[str] = ..., prefix_tokens: _Optional[int] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ...) -> None: ...
+
+class Holding(_message.Message):
+    __slots__ = ("region", "tokens", "reachable", "predicted_s", "note")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_S_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    region: str
+    tokens: int
+    reachable: bool
+    predicted_s: float
+    note: str
+    def __init__(self, region: _Optional[str] = ..., tokens: _Optional[int] = ..., reachable: _Optional[bool] = ..., predicted_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
     __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind", "sd_s", "calibration_samples")
@@ -88,7 +132,7 @@ class Candidate(_message.Message):
     def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins")
+    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins", "holdings")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +148,7 @@ class Decision(_message.Message):
     HEDGE_FIELD_NUMBER: _ClassVar[int]
     HEDGE_EXPECTED_S_FIELD_NUMBER: _ClassVar[int]
     HEDGE_P_FETCH_WINS_FIELD_NUMBER: _ClassVar[int]
+    HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     action: str
     reason: str
     source_region: str
@@ -119,7 +164,8 @@ class Decision(_message.Message):
     hedge: bool
     hedge_expected_s: float
     hedge_p_fetch_wins: float
-    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ...) -> None: ...
+    holdings: _containers.RepeatedCompositeFieldContainer[Holding]
+    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("bytes_done", "bytes_total", "elapsed_s")

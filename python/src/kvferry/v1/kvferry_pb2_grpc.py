@@ -51,6 +51,11 @@ class MigrationStub:
                 request_serializer=kvferry_dot_v1_dot_kvferry__pb2.GetLinksRequest.SerializeToString,
                 response_deserializer=kvferry_dot_v1_dot_kvferry__pb2.GetLinksResponse.FromString,
                 _registered_method=True)
+        self.GetResidency = channel.unary_unary(
+                '/kvferry.v1.Migration/GetResidency',
+                request_serializer=kvferry_dot_v1_dot_kvferry__pb2.ResidencyRequest.SerializeToString,
+                response_deserializer=kvferry_dot_v1_dot_kvferry__pb2.ResidencyResponse.FromString,
+                _registered_method=True)
 
 
 class MigrationServicer:
@@ -81,6 +86,16 @@ class MigrationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetResidency(self, request, context):
+        """The residency view for routers: how much of a prefix each region holds now (this region's
+        engines and landing zone, and each peer asked live with a Query: no KV byte moves). Engines
+        withdraw evicted blocks from their daemon before reuse, so an evicted prefix stops being
+        reported at once; a router's cache index built from this stays true.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MigrationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -98,6 +113,11 @@ def add_MigrationServicer_to_server(servicer, server):
                     servicer.GetLinks,
                     request_deserializer=kvferry_dot_v1_dot_kvferry__pb2.GetLinksRequest.FromString,
                     response_serializer=kvferry_dot_v1_dot_kvferry__pb2.GetLinksResponse.SerializeToString,
+            ),
+            'GetResidency': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetResidency,
+                    request_deserializer=kvferry_dot_v1_dot_kvferry__pb2.ResidencyRequest.FromString,
+                    response_serializer=kvferry_dot_v1_dot_kvferry__pb2.ResidencyResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -183,6 +203,33 @@ class Migration:
             '/kvferry.v1.Migration/GetLinks',
             kvferry_dot_v1_dot_kvferry__pb2.GetLinksRequest.SerializeToString,
             kvferry_dot_v1_dot_kvferry__pb2.GetLinksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetResidency(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvferry.v1.Migration/GetResidency',
+            kvferry_dot_v1_dot_kvferry__pb2.ResidencyRequest.SerializeToString,
+            kvferry_dot_v1_dot_kvferry__pb2.ResidencyResponse.FromString,
             options,
             channel_credentials,
             insecure,
