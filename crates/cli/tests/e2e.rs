@@ -224,8 +224,6 @@ async fn two_regions_end_to_end() {
     assert_warm_equals_cold(&mut b, &convo4, 384).await;
 }
 
-/// An engine reports its blocks to its daemon asynchronously: wait until `router`'s plan for
-/// `req` sees them in the source region.
 /// Waits until the source region's daemon knows its engine's blocks for this prefix (engines
 /// report stored blocks asynchronously). Decisions are not asserted here: they follow the live
 /// link estimate.

@@ -166,18 +166,6 @@ pub fn request_budget(
     }
 }
 
-/// The source to fetch from among the regions that answered: the one holding the most leading
-/// blocks (the first asked wins a tie), with its load report.
-pub fn best_source<L>(answers: impl IntoIterator<Item = (String, u32, L)>) -> Option<(String, u32, L)> {
-    let mut best: Option<(String, u32, L)> = None;
-    for (region, held, load) in answers {
-        if best.as_ref().is_none_or(|(_, n, _)| held > *n) {
-            best = Some((region, held, load));
-        }
-    }
-    best
-}
-
 fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Policy {
     let p = r.policy.unwrap_or_default();
     Policy {
@@ -705,7 +693,7 @@ pub fn engine_calibration(
 
 #[cfg(test)]
 mod tests {
-    use super::{action_to_proto, best_source, grpc_timeout, has_tokens, request_budget, set_receipt_action};
+    use super::{action_to_proto, grpc_timeout, has_tokens, request_budget, set_receipt_action};
     use kvferry_model::MigrationAction;
     use std::time::Duration;
 
@@ -735,16 +723,6 @@ mod tests {
         for bad in ["", "S", "10", "10x", "-1S", "1.5S"] {
             assert_eq!(grpc_timeout(bad), None, "{bad:?}");
         }
-    }
-
-    #[test]
-    fn the_source_is_the_region_holding_most_first_on_a_tie() {
-        assert_eq!(best_source(Vec::<(String, u32, ())>::new()), None);
-        let answers =
-            vec![("a".to_owned(), 3, 'a'), ("b".into(), 7, 'b'), ("c".into(), 7, 'c'), ("d".into(), 0, 'd')];
-        assert_eq!(best_source(answers), Some(("b".into(), 7, 'b')));
-        // a region that holds nothing is still a (useless) answer: the plan sees 0 held
-        assert_eq!(best_source(vec![("a".to_owned(), 0, ())]), Some(("a".into(), 0, ())));
     }
 
     #[test]

@@ -21,15 +21,8 @@ fn dtype() -> impl Strategy<Value = Dtype> {
 }
 
 fn spec() -> impl Strategy<Value = AttnSpec> {
-    (1u32..5, 1u32..4, 1u32..9, 1u32..5, dtype()).prop_map(
-        |(layers, kv_heads, head_dim, block_size, dtype)| AttnSpec {
-            layers,
-            kv_heads,
-            head_dim,
-            block_size,
-            dtype,
-        },
-    )
+    let attn = |(l, h, d, b, t)| AttnSpec { layers: l, kv_heads: h, head_dim: d, block_size: b, dtype: t };
+    (1u32..5, 1u32..4, 1u32..9, 1u32..5, dtype()).prop_map(attn)
 }
 
 fn order() -> impl Strategy<Value = StrideOrder> {
@@ -78,15 +71,8 @@ fn brute_force_overlap(nb: u32, layers: &[Vec<Plane>]) -> bool {
 }
 
 fn mla() -> impl Strategy<Value = MlaSpec> {
-    (1u32..4, 1u32..16, 0u32..8, 1u32..5, dtype()).prop_map(
-        |(layers, kv_lora_rank, rope_dim, block_size, dtype)| MlaSpec {
-            layers,
-            kv_lora_rank,
-            rope_dim,
-            block_size,
-            dtype,
-        },
-    )
+    let mla = |(l, r, p, b, t)| MlaSpec { layers: l, kv_lora_rank: r, rope_dim: p, block_size: b, dtype: t };
+    (1u32..4, 1u32..16, 0u32..8, 1u32..5, dtype()).prop_map(mla)
 }
 
 fn layout() -> impl Strategy<Value = PoolLayout> {

@@ -2,18 +2,17 @@
 //! with synthetic bytes, is capped with a typed refusal, needs the same mutual TLS as a fetch,
 //! respects its deadline, and feeds the link estimator.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kvferry_peer::{
-    BlockCatalog, DevPki, LinkTuning, MAX_PROBE_BYTES, PeerConfig, PeerNode, RegionId, Served, TlsIdentity,
-    TrustPolicy,
-};
+use kvferry_peer::{BlockCatalog, DevPki, MAX_PROBE_BYTES, PeerNode, RegionId, Served, TlsIdentity};
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use kvferry_wire::{LinkEstimator, WireError};
 
-const TD: &str = "kvferry.test";
+use common::TD;
 
 /// Refuses every fetch and counts how often it was asked: a probe must never consult it.
 struct NoBlocks(AtomicU64);
@@ -26,24 +25,7 @@ impl BlockCatalog for NoBlocks {
 }
 
 fn node(identity: TlsIdentity, pki: &DevPki, allowed: &[&str], catalog: Arc<NoBlocks>) -> Arc<PeerNode> {
-    let cfg = PeerConfig {
-        identity,
-        policy: TrustPolicy {
-            roots: pki.roots(),
-            trust_domain: TD.into(),
-            allowed_regions: allowed.iter().map(|s| s.to_string()).collect(),
-        },
-        listen: "127.0.0.1:0".parse().unwrap(),
-        tuning: LinkTuning {
-            rtt: Duration::from_millis(1),
-            idle_timeout: Duration::from_secs(3),
-            ..LinkTuning::default()
-        },
-        staging_bytes: 8 << 20,
-        chunk_target_bytes: 4 << 20,
-        fetch: kvferry_peer::FetchPolicy::default(),
-    };
-    PeerNode::start(cfg, catalog).unwrap()
+    common::node(identity, pki, allowed, catalog, 8 << 20)
 }
 
 struct Pair {

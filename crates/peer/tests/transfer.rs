@@ -2,6 +2,8 @@
 //! region identities, and real shared-memory KV pools on both ends (the engine SDK creates the
 //! pool, the daemon side maps it through the shm backend, exactly as in production).
 
+mod common;
+
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -10,14 +12,14 @@ use std::time::{Duration, Instant};
 use kvferry_engine_sdk::ShmPool;
 use kvferry_layout::{AttnSpec, Dtype, PoolLayout, StrideOrder, block_hashes};
 use kvferry_peer::{
-    BlockCatalog, BoxFut, ChunkBytes, ChunkSink, ChunkSource, DevPki, FetchSpec, LinkTuning, PeerConfig,
-    PeerNode, PoolChunks, RegionId, Served, TlsIdentity, TrustPolicy,
+    BlockCatalog, BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource, DevPki, FetchSpec, PeerNode,
+    PoolChunks, RegionId, Served, TlsIdentity,
 };
 use kvferry_pool::MemoryBackend;
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use kvferry_wire::{ChunkSpec, WireError};
 
-const TD: &str = "kvferry.test";
+use common::{TD, node};
 
 fn layout(layers: u32, kv_heads: u32, head_dim: u32, blocks: u32) -> PoolLayout {
     let spec = AttnSpec { layers, kv_heads, head_dim, block_size: 16, dtype: Dtype::Bf16 };
@@ -91,38 +93,10 @@ struct Counting {
 }
 
 impl ChunkSource for Counting {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         self.bytes.fetch_add(spec.len, Ordering::Relaxed);
         self.inner.read(spec)
     }
-}
-
-fn node(
-    identity: TlsIdentity,
-    roots: &DevPki,
-    allowed: &[&str],
-    catalog: Arc<dyn BlockCatalog>,
-    staging: usize,
-) -> Arc<PeerNode> {
-    let cfg = PeerConfig {
-        identity,
-        policy: TrustPolicy {
-            roots: roots.roots(),
-            trust_domain: TD.into(),
-            allowed_regions: allowed.iter().map(|s| s.to_string()).collect(),
-        },
-        listen: "127.0.0.1:0".parse().unwrap(),
-        tuning: LinkTuning {
-            bandwidth_bps: 10e9,
-            rtt: Duration::from_millis(1),
-            idle_timeout: Duration::from_secs(3),
-            ..LinkTuning::default()
-        },
-        staging_bytes: staging,
-        chunk_target_bytes: 4 << 20,
-        fetch: kvferry_peer::FetchPolicy::default(),
-    };
-    PeerNode::start(cfg, catalog).unwrap()
 }
 
 struct Setup {
@@ -368,7 +342,7 @@ struct CorruptOnce {
 }
 
 impl ChunkSource for CorruptOnce {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         Box::pin(async move {
             let real = self.inner.read(spec).await?;
             if spec.id != self.chunk || self.done.swap(true, Ordering::Relaxed) {
@@ -402,11 +376,7 @@ struct SlowSink {
 }
 
 impl ChunkSink for SlowSink {
-    fn land<'a>(
-        &'a self,
-        spec: ChunkSpec,
-        payload: &'a [u8],
-    ) -> BoxFut<'a, Result<(), kvferry_peer::ChunkError>> {
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
             tokio::time::sleep(self.delay).await;
             self.inner.land(spec, payload).await?;

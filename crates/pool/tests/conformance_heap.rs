@@ -32,66 +32,75 @@ struct Heap {
     writes: std::sync::atomic::AtomicU64,
 }
 
+/// The backend's two copies, flaws included; the trait impl below only hands them out.
+impl Heap {
+    fn owner(&self, staging_owner: u64) -> u64 {
+        if self.flaw == Flaw::IgnoresOwner { self.id } else { staging_owner }
+    }
+
+    async fn gather(&self, extents: &[Extent], staging: &mut Staging) -> Result<(), PoolError> {
+        check_batch(&self.info, extents, staging.len(), self.owner(staging.owner()), self.id)?;
+        let mut at = 0usize;
+        let order: Vec<&Extent> = if self.flaw == Flaw::GathersBackwards {
+            extents.iter().rev().collect()
+        } else {
+            extents.iter().collect()
+        };
+        for e in order {
+            let m = self.mem[e.region as usize].lock().unwrap();
+            let n = e.len as usize;
+            staging.as_mut_slice()[at..at + n].copy_from_slice(&m[e.offset as usize..e.offset as usize + n]);
+            at += n;
+        }
+        Ok(())
+    }
+
+    async fn scatter(&self, extents: &[Extent], staging: &Staging) -> Result<(), PoolError> {
+        let owner = self.owner(staging.owner());
+        if self.flaw != Flaw::WritesBeforeChecking {
+            check_batch(&self.info, extents, staging.len(), owner, self.id)?;
+        }
+        let nth = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.flaw == Flaw::LosesOddWrites && nth % 2 == 1 {
+            return Ok(());
+        }
+        let mut at = 0usize;
+        for (i, e) in extents.iter().enumerate() {
+            if self.flaw == Flaw::WritesBeforeChecking {
+                check_batch(&self.info, &extents[i..=i], staging.len() - at, owner, self.id)?;
+            }
+            let mut m = self.mem[e.region as usize].lock().unwrap();
+            let n = e.len as usize;
+            let off = if self.flaw == Flaw::WrapsAt64MiB { e.offset % (64 << 20) } else { e.offset };
+            m[off as usize..off as usize + n].copy_from_slice(&staging.as_slice()[at..at + n]);
+            at += n;
+        }
+        Ok(())
+    }
+}
+
 impl MemoryBackend for Heap {
     fn name(&self) -> &'static str {
         "heap"
     }
-    fn id(&self) -> u64 {
-        self.id
-    }
     fn regions(&self) -> &[RegionInfo] {
         &self.info
-    }
-    fn staging(&self, len: usize) -> Result<Staging, PoolError> {
-        Ok(Staging::new_host(len, self.id))
     }
     fn read<'a>(
         &'a self,
         extents: &'a [Extent],
         staging: &'a mut Staging,
     ) -> BoxFut<'a, Result<(), PoolError>> {
-        Box::pin(async move {
-            let owner = if self.flaw == Flaw::IgnoresOwner { self.id } else { staging.owner() };
-            check_batch(&self.info, extents, staging.len(), owner, self.id)?;
-            let mut at = 0usize;
-            let order: Vec<&Extent> = if self.flaw == Flaw::GathersBackwards {
-                extents.iter().rev().collect()
-            } else {
-                extents.iter().collect()
-            };
-            for e in order {
-                let m = self.mem[e.region as usize].lock().unwrap();
-                let n = e.len as usize;
-                staging.as_mut_slice()[at..at + n]
-                    .copy_from_slice(&m[e.offset as usize..e.offset as usize + n]);
-                at += n;
-            }
-            Ok(())
-        })
+        Box::pin(self.gather(extents, staging))
     }
     fn write<'a>(&'a self, extents: &'a [Extent], staging: &'a Staging) -> BoxFut<'a, Result<(), PoolError>> {
-        Box::pin(async move {
-            let owner = if self.flaw == Flaw::IgnoresOwner { self.id } else { staging.owner() };
-            if self.flaw != Flaw::WritesBeforeChecking {
-                check_batch(&self.info, extents, staging.len(), owner, self.id)?;
-            }
-            let nth = self.writes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if self.flaw == Flaw::LosesOddWrites && nth % 2 == 1 {
-                return Ok(());
-            }
-            let mut at = 0usize;
-            for (i, e) in extents.iter().enumerate() {
-                if self.flaw == Flaw::WritesBeforeChecking {
-                    check_batch(&self.info, &extents[i..=i], staging.len() - at, owner, self.id)?;
-                }
-                let mut m = self.mem[e.region as usize].lock().unwrap();
-                let n = e.len as usize;
-                let off = if self.flaw == Flaw::WrapsAt64MiB { e.offset % (64 << 20) } else { e.offset };
-                m[off as usize..off as usize + n].copy_from_slice(&staging.as_slice()[at..at + n]);
-                at += n;
-            }
-            Ok(())
-        })
+        Box::pin(self.scatter(extents, staging))
+    }
+    fn staging(&self, len: usize) -> Result<Staging, PoolError> {
+        Ok(Staging::new_host(len, self.id))
+    }
+    fn id(&self) -> u64 {
+        self.id
     }
 }
 

@@ -41,6 +41,12 @@ pub enum Event {
     Fail,
 }
 
+impl Event {
+    /// Every event, in declaration order (for tests and fuzzers that pick one).
+    pub const ALL: [Event; 6] =
+        [Self::Manifest, Self::Chunk, Self::AllChunks, Self::DigestOk, Self::Reconnect, Self::Fail];
+}
+
 /// Every legal transition. A row `(from, event, to)`.
 pub const TRANSITIONS: &[(State, Event, State)] = &[
     (State::Requested, Event::Manifest, State::Manifest),
@@ -116,13 +122,11 @@ mod tests {
         State::Committed,
         State::Aborted,
     ];
-    const EVENTS: [Event; 6] =
-        [Event::Manifest, Event::Chunk, Event::AllChunks, Event::DigestOk, Event::Reconnect, Event::Fail];
 
     #[test]
     fn terminal_states_accept_nothing_and_the_table_is_a_function() {
         for s in STATES {
-            for e in EVENTS {
+            for e in Event::ALL {
                 let rows = TRANSITIONS.iter().filter(|(f, ev, _)| *f == s && *ev == e).count();
                 assert!(rows <= 1, "{s:?} {e:?} has {rows} rows");
                 let mut m = Machine { state: s };

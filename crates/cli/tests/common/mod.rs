@@ -257,12 +257,7 @@ pub fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequ
         token_ids: t.to_vec(),
         source_region: "region-a".into(),
         deadline_ms: 30_000,
-        policy: Some(Policy {
-            mode: mode as i32,
-            allow_split: false,
-            max_egress_bytes: 0,
-            allow_hedge: false,
-        }),
+        policy: Some(Policy { mode: mode as i32, ..Default::default() }),
         ..Default::default()
     }
 }

@@ -106,12 +106,7 @@ pub fn request(session: &str, tokens: Vec<u32>, mode: PolicyMode) -> MigrateSess
         model_id: "m".into(),
         token_ids: tokens,
         deadline_ms: 20_000,
-        policy: Some(Policy {
-            mode: mode as i32,
-            allow_split: false,
-            max_egress_bytes: 0,
-            allow_hedge: false,
-        }),
+        policy: Some(Policy { mode: mode as i32, ..Default::default() }),
         ..Default::default()
     }
 }
