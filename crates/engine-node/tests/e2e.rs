@@ -68,6 +68,29 @@ fn stored_blocks(calls: &[Call], lease: &str) -> usize {
     calls.iter().map(|c| matches!(c, Call::Stored { lease: l, .. } if l == lease) as usize).sum()
 }
 
+/// The daemon's `Recompute` command for `session`.
+fn recompute_cmd(session: &str, tokens: Vec<u32>) -> DaemonCommand {
+    DaemonCommand {
+        command: Some(daemon_command::Command::Recompute(Recompute {
+            session_id: session.into(),
+            tenant: "t".into(),
+            token_ids: tokens,
+        })),
+    }
+}
+
+/// Waits (up to `secs`) for `n` `RecomputeDone` answers and returns them in arrival order.
+async fn recompute_dones(d: &FakeDaemon, n: usize, secs: u64) -> Vec<kvferry_proto::v1::RecomputeDone> {
+    d.wait_for(secs, "RecomputeDone answers", |c| {
+        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == n
+    })
+    .await;
+    d.calls()
+        .into_iter()
+        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_exchange_blocks_and_match_a_full_recompute() {
     let d = daemon().await;
@@ -169,24 +192,9 @@ async fn recompute_command_warms_the_cache_and_reports() {
     let mut a = EngineNode::start(config(&d, "a", 32)).await.unwrap();
     let la = a.info().lease_id.clone();
     let p = prompt(40, 5);
-    let cmd = |session: &str, tokens: Vec<u32>| DaemonCommand {
-        command: Some(daemon_command::Command::Recompute(Recompute {
-            session_id: session.into(),
-            tenant: "t".into(),
-            token_ids: tokens,
-        })),
-    };
-    d.send(&la, cmd("s1", p.clone())).await;
-    d.send(&la, cmd("bad", vec![1, 2, 9999])).await;
-    d.wait_for(10, "two RecomputeDone", |c| {
-        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == 2
-    })
-    .await;
-    let done: Vec<_> = d
-        .calls()
-        .into_iter()
-        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
-        .collect();
+    d.send(&la, recompute_cmd("s1", p.clone())).await;
+    d.send(&la, recompute_cmd("bad", vec![1, 2, 9999])).await;
+    let done = recompute_dones(&d, 2, 10).await;
     assert_eq!((done[0].session_id.as_str(), done[0].tokens, done[0].error.as_str()), ("s1", 32, ""));
     assert!(done[0].seconds > 0.0);
     assert_eq!(done[1].session_id, "bad");
@@ -290,13 +298,6 @@ async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     let d = daemon().await;
     let mut a = EngineNode::start(config(&d, "a", 256)).await.unwrap();
     let la = a.info().lease_id.clone();
-    let recompute = |session: &str, tokens: Vec<u32>| DaemonCommand {
-        command: Some(daemon_command::Command::Recompute(Recompute {
-            session_id: session.into(),
-            tenant: "t".into(),
-            token_ids: tokens,
-        })),
-    };
     let cancel = |session: &str| DaemonCommand {
         command: Some(daemon_command::Command::Cancel(kvferry_proto::v1::CancelRecompute {
             session_id: session.into(),
@@ -304,19 +305,11 @@ async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     };
     // A long recompute keeps the worker busy while the second one waits behind it, and the
     // second is cancelled before it starts (the three commands arrive back to back).
-    d.send(&la, recompute("long", prompt(3000, 7))).await;
-    d.send(&la, recompute("queued", prompt(64, 8))).await;
+    d.send(&la, recompute_cmd("long", prompt(3000, 7))).await;
+    d.send(&la, recompute_cmd("queued", prompt(64, 8))).await;
     d.send(&la, cancel("queued")).await;
     d.send(&la, cancel("unknown")).await;
-    d.wait_for(60, "two RecomputeDone", |c| {
-        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == 2
-    })
-    .await;
-    let done: Vec<_> = d
-        .calls()
-        .into_iter()
-        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
-        .collect();
+    let done = recompute_dones(&d, 2, 60).await;
     assert_eq!((done[0].session_id.as_str(), done[0].cancelled, done[0].tokens), ("long", false, 2992));
     assert_eq!((done[1].session_id.as_str(), done[1].cancelled, done[1].tokens), ("queued", true, 0));
     assert_eq!(done[1].error, "");
