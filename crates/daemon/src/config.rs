@@ -381,6 +381,11 @@ pub struct PolicyDefaults {
     /// Relative slowdown of each leg while the other runs beside it (they share this host's
     /// cores when the engine prefills on CPU).
     pub hedge_interference: f64,
+    /// Prior of the split interference: the relative slowdown of each leg of a split while the
+    /// other runs (0: separate resources). With `calibrate`, each engine's executed splits
+    /// replace it with the measured slowdown (median of recent splits); a split that cannot
+    /// beat the better pure action by `split_min_gain` once slowed is not chosen. At most 4.
+    pub split_interference: f64,
 }
 
 /// When the daemon hedges.
@@ -488,6 +493,7 @@ impl Default for PolicyDefaults {
             hedge_min_gain: 0.02,
             hedge_max_wasted_compute_ms: 0.0,
             hedge_interference: 0.0,
+            split_interference: 0.0,
         }
     }
 }
@@ -682,6 +688,9 @@ impl Config {
         if !(p.hedge_interference.is_finite() && p.hedge_interference >= 0.0) {
             return Err(invalid("policy.hedge_interference", "must be >= 0"));
         }
+        if !(0.0..=4.0).contains(&p.split_interference) {
+            return Err(invalid("policy.split_interference", "must be in [0, 4]"));
+        }
         if !(0.0..=1.0).contains(&p.split_min_gain) {
             return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
         }
@@ -777,6 +786,8 @@ mod tests {
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_band_z = -1", "policy.hedge_band_z"),
             ("[policy]\nhedge_interference = -0.5", "policy.hedge_interference"),
+            ("[policy]\nsplit_interference = 5", "policy.split_interference"),
+            ("[policy]\nsplit_interference = -1", "policy.split_interference"),
             ("[policy]\neviction_hint_pool_use = 1.5", "policy.eviction_hint_pool_use"),
         ];
         for (text, field) in cases {

@@ -86,8 +86,8 @@ pub async fn execute(
             let k = plan.recompute_tokens;
             let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
-                recompute(shared, p, k),
-                fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events)
+                recompute_leg(shared, p, k, Leg::Concurrent),
+                fetch_leg(shared, p, &src, plan.fetch_from, plan.fetch_end, events, Leg::Concurrent)
             );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
@@ -104,6 +104,17 @@ pub async fn execute(
     }
     receipt.wall_s = t0.elapsed().as_secs_f64();
     receipt.measured_s = receipt.wall_s;
+    // An executed split (both legs, no fallback) calibrates this engine's split interference
+    // against the whole migration's prediction, which was made with the interference in force.
+    if plan.action == MigrationAction::Split
+        && receipt.fallback.is_empty()
+        && shared.config.policy.calibrate
+        && receipt.predicted_s > 0.0
+    {
+        let prior = shared.config.policy.split_interference;
+        let used = p.policy.split_interference;
+        shared.calib.observe_split(&p.engine.engine_id, prior, used, receipt.predicted_s, receipt.measured_s);
+    }
     if receipt.fallback.is_empty()
         && receipt.predicted_s > 0.0
         && let Some((src, _)) = &p.source
@@ -280,6 +291,19 @@ pub fn silent_limit(idle_timeout: Duration) -> Duration {
 /// losing leg of a hedge) — is cancelled (`CancelRecompute`): the engine stops spending its
 /// compute on it.
 async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+    recompute_leg(shared, p, n, Leg::Alone).await
+}
+
+/// Whether an action runs alone or beside the other one (a split's legs): a leg that ran
+/// concurrently measures the pure action slowed by the other, so it does not feed that
+/// action's calibration (the split's outcome calibrates the interference instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leg {
+    Alone,
+    Concurrent,
+}
+
+async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
@@ -336,7 +360,7 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
     drop(guard);
     match answer {
         Ok(Ok(Ok(tokens))) => {
-            if shared.config.policy.calibrate {
+            if shared.config.policy.calibrate && leg == Leg::Alone {
                 let obs = RecomputeObservation {
                     new_tokens: n as u64,
                     cached_tokens: 0,
@@ -365,6 +389,18 @@ async fn fetch(
     from: usize,
     end: usize,
     events: &Events,
+) -> Result<FetchReceipt, DaemonError> {
+    fetch_leg(shared, p, src, from, end, events, Leg::Alone).await
+}
+
+async fn fetch_leg(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    src: &str,
+    from: usize,
+    end: usize,
+    events: &Events,
+    leg: Leg,
 ) -> Result<FetchReceipt, DaemonError> {
     let started = Instant::now();
     let src = src.to_owned();
@@ -453,6 +489,7 @@ async fn fetch(
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
     if shared.config.policy.calibrate
+        && leg == Leg::Alone
         && let Some(fig) = p.figures
     {
         let obs = FetchObservation {

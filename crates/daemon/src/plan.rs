@@ -179,6 +179,7 @@ fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Pol
         split_overhead_s: shared.config.policy.split_overhead_ms / 1000.0,
         split_min_gain: shared.config.policy.split_min_gain,
         split_granularity: u64::from(block_size.max(1)),
+        split_interference: 0.0, // per engine: set in `prepare_with` once the engine is known
     }
 }
 
@@ -282,7 +283,9 @@ pub async fn prepare_with(
                 || shared.landing.get(&r.tenant, h).is_some_and(|l| l.fingerprint == engine.digest)
         })
         .count();
-    let policy = policy_of(shared, r, block_size);
+    let mut policy = policy_of(shared, r, block_size);
+    policy.split_interference =
+        shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
     let engine_load = {
         let u = engine.load.locked().utilization;
         if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
@@ -677,6 +680,7 @@ pub fn engine_calibration(
     engine_id: &str,
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
+    (split_interference, split_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
     kvferry_proto::v1::EngineCalibration {
         engine_id: engine_id.to_owned(),
@@ -688,6 +692,8 @@ pub fn engine_calibration(
         reported_linear_s_per_token: reported.linear_s_per_token,
         reported_attention_s_per_pair: reported.attention_s_per_pair,
         load_factor: e.load_factor,
+        split_interference,
+        split_samples: split_samples.min(u64::from(u32::MAX)) as u32,
     }
 }
 
