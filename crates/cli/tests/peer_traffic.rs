@@ -148,22 +148,24 @@ async fn peer_tenant_allow_lists_refuse_before_any_kv_byte_on_both_sides() {
         (metric(&before, "kvferry_served_bytes_total"), metric(&before, "kvferry_served_requests_total"));
 
     // Off the owner's list: B asks, A refuses the query before reading anything.
-    let e = router_b
+    let Err(e) = router_b
         .migrate_session(as_tenant("only-b-allows", "s-owner-refuses", &convo, PolicyMode::Fetch))
         .await
-        .err()
-        .expect("refused");
+    else {
+        panic!("a tenant off the owner's list was served");
+    };
     assert_eq!((e.code(), reason(&e)), (Code::PermissionDenied, Some("peer_refused_tenant")), "{e:?}");
     assert!(e.message().contains("region-a refused"), "{e:?}");
     let ma = cl.metrics(0).await;
     assert_eq!(metric(&ma, "kvferry_tenant_denied_total{side=\"serve\"}"), 1.0, "{ma}");
 
     // Off the requester's list: B refuses at once, A is never asked.
-    let e = router_b
+    let Err(e) = router_b
         .migrate_session(as_tenant("only-a-allows", "s-requester-refuses", &convo, PolicyMode::Fetch))
         .await
-        .err()
-        .expect("refused");
+    else {
+        panic!("a tenant off the requester's list was fetched");
+    };
     assert_eq!(
         (e.code(), reason(&e)),
         (Code::PermissionDenied, Some("tenant_not_allowed_for_peer")),

@@ -24,6 +24,9 @@ struct Entry {
     tick: u64,
 }
 
+/// One tenant's cached blocks: the tenant and its (hash, block id) pairs.
+pub type TenantBlocks = (Arc<str>, Vec<(BlockHash, u32)>);
+
 /// Hash → block, refcounts and LRU. See the module doc.
 #[derive(Debug, Default)]
 pub struct PrefixCache {
@@ -119,7 +122,7 @@ impl PrefixCache {
 
     /// Every cached block, grouped by tenant (tenants in name order, blocks by id): what a
     /// re-attached engine publishes again.
-    pub fn held(&self) -> Vec<(Arc<str>, Vec<(BlockHash, u32)>)> {
+    pub fn held(&self) -> Vec<TenantBlocks> {
         let mut by: std::collections::BTreeMap<Arc<str>, Vec<(BlockHash, u32)>> = Default::default();
         for (&b, e) in &self.entries {
             by.entry(e.tenant.clone()).or_default().push((e.hash, b));
