@@ -16,7 +16,7 @@ use kvferry_proto::v1::{Candidate, Decision, Holding, LinkState, MigrateSessionR
 
 use crate::Shared;
 use crate::engine_api::hashes_for;
-use crate::error::{DaemonError, Origin};
+use crate::error::{DaemonError, Denial, Origin};
 use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
@@ -261,6 +261,14 @@ pub async fn prepare_with(
     if let Some(bad) = r.source_regions.iter().find(|s| shared.links.peer(s).is_none()) {
         return Err(DaemonError::not_found(format!("unknown region {bad:?} in source_regions")));
     }
+    // A named source this region may not exchange the tenant's blocks with: refused before
+    // the peer is asked anything.
+    if !r.source_region.is_empty()
+        && !shared.links.peer(&r.source_region).is_some_and(|p| p.allows(&r.tenant))
+    {
+        shared.metrics.tenant_denied_fetch.inc();
+        return Err(tenant_not_allowed(&r.source_region, &r.tenant));
+    }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
         r.block_hashes
@@ -329,6 +337,16 @@ pub async fn prepare_with(
     } else {
         return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     };
+    // Peers whose allow-list does not name the tenant are not asked (a query would tell them
+    // which of the tenant's prefixes exist here); they are listed as not reachable, with why.
+    let (regions, barred): (Vec<String>, Vec<String>) =
+        regions.into_iter().partition(|g| shared.links.peer(g).is_some_and(|p| p.allows(&r.tenant)));
+    let mut holdings = Vec::new();
+    for region in barred {
+        shared.metrics.tenant_denied_fetch.inc();
+        let note = format!("{region} not asked: peers[].tenants does not name this tenant");
+        holdings.push(Holding { region, reachable: false, note, ..Default::default() });
+    }
     // Ask the candidates concurrently; bound the wait so a dead region still leaves time to act.
     let ask_until =
         Instant::now() + (deadline.saturating_duration_since(Instant::now()) / 3).min(Duration::from_secs(3));
@@ -359,11 +377,12 @@ pub async fn prepare_with(
     }
     let mut answers = Vec::new();
     let mut notes = Vec::new();
-    let mut holdings = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
         match res {
             Ok(h) => answers.push((region, h.blocks_held, h.load)),
+            // The named source refused the tenant by its policy: the request's answer.
+            Err(e @ DaemonError::Denied(..)) if region == r.source_region => return Err(e),
             Err(e) => {
                 let note = e.reason().to_owned();
                 holdings.push(Holding { region, reachable: false, note: note.clone(), ..Default::default() });
@@ -383,6 +402,16 @@ pub async fn prepare_with(
         p.source_note = Some(notes.join("; "));
     }
     Ok(p)
+}
+
+/// PERMISSION_DENIED for a request naming `region` as its source for `tenant` when
+/// `peers[].tenants` of that peer does not name the tenant.
+pub fn tenant_not_allowed(region: &str, tenant: &str) -> DaemonError {
+    DaemonError::denied(
+        Origin::Request,
+        Denial::TenantNotAllowedForPeer,
+        format!("this region does not exchange tenant {tenant:?}'s blocks with {region} (peers[].tenants)"),
+    )
 }
 
 /// Ranks the holders that answered by how soon each would make the prefix ready here

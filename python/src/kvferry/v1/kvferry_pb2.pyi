@@ -178,7 +178,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class Receipt(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEDGED_FIELD_NUMBER: _ClassVar[int]
     HEDGE_LOSER_S_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FETCH_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -207,7 +208,8 @@ class Receipt(_message.Message):
     kind: Action
     hedged: bool
     hedge_loser_s: float
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ...) -> None: ...
+    shared_fetch: bool
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
