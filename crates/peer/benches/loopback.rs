@@ -166,6 +166,9 @@ fn owner_main() {
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
         fetch: kvferry_peer::FetchPolicy::default(),
+        transport: kvferry_peer::TransportChoice::Quic,
+        tcp_listen: None,
+        auto_fallback: std::time::Duration::from_millis(1500),
     };
     let node = rt.block_on(async { PeerNode::start(cfg, Arc::new(AnyCatalog(source))) }).expect("start");
     let mut out = std::io::stdout().lock();
@@ -417,6 +420,9 @@ fn run_config(rt: &tokio::runtime::Runtime, pki: &DevPki, config: &str, bytes: u
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
         fetch: kvferry_peer::FetchPolicy::default(),
+        transport: kvferry_peer::TransportChoice::Quic,
+        tcp_listen: None,
+        auto_fallback: std::time::Duration::from_millis(1500),
     };
     let catalog = Arc::new(AnyCatalog(Arc::new(MemSource { buf: Arc::new(Vec::new()), blocks: 0 })));
     let node = rt.block_on(async { PeerNode::start(cfg, catalog) }).expect("start requester");
