@@ -76,6 +76,7 @@ impl PeerNode {
                 return Err(WireError::Protocol(format!("probe answered {got} of {bytes} bytes")));
             }
             let wall = t0.elapsed();
+            self.record_link(peer, &conn);
             Ok(ProbeReceipt {
                 bytes,
                 wall,

@@ -56,6 +56,7 @@ impl PeerNode {
             send.finish().await;
             let answer = read_frame(&mut recv).await?;
             let rtt = t0.elapsed();
+            self.record_link(peer, &conn);
             match answer {
                 Some(Frame::Manifest(m)) => {
                     let load = match read_frame(&mut recv).await {
