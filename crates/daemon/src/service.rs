@@ -194,7 +194,8 @@ impl Migration for MigrationService {
                 if let Some(p) = self.shared.links.peer(&region) {
                     l.transport_setting = p.transport.name().into();
                 }
-                l.transport = self.shared.node.link_to(&id).map(|i| i.transport.name().into()).unwrap_or_default();
+                l.transport =
+                    self.shared.node.link_to(&id).map(|i| i.transport.name().into()).unwrap_or_default();
                 Some(match self.shared.calib.fetch_estimate(&region, f.rtt_s) {
                     Some(e) => with_calibration(l, &e),
                     None => l,

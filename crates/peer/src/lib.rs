@@ -15,8 +15,8 @@ mod tcp;
 pub mod tls;
 pub mod transport;
 
-pub use link::{LinkInfo, Transport, TransportChoice};
 pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
+pub use link::{LinkInfo, Transport, TransportChoice};
 pub use node::{BlockCatalog, Credentials, FetchPolicy, PeerConfig, PeerNode, Rotation, Served};
 pub use pool_io::PoolChunks;
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};

@@ -373,13 +373,15 @@ impl PeerNode {
     /// Current RTT to `peer`, if connected.
     /// (TCP: the RTT of the last job, while it is fresher than the idle timeout.)
     pub fn rtt_to(&self, peer: &RegionId) -> Option<Duration> {
-        if let Some(rtt) = self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
+        if let Some(rtt) =
+            self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
         {
             return Some(rtt);
         }
         let last = self.last_link.locked();
         let (l, rtt, at) = last.get(peer)?;
-        (l.transport == crate::link::Transport::Tcp && at.elapsed() < self.cfg.tuning.idle_timeout).then_some(*rtt)
+        (l.transport == crate::link::Transport::Tcp && at.elapsed() < self.cfg.tuning.idle_timeout)
+            .then_some(*rtt)
     }
 
     /// Connects to `peer` (or reuses the cached connection).

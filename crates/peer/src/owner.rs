@@ -57,7 +57,8 @@ impl PeerNode {
         let listener = crate::tcp::bind_listener(tcp_addr, &cfg.tuning)
             .map_err(|e| LocalError::Setup(format!("TCP listener on {tcp_addr}: {e}")))?;
         let tcp_local = listener.local_addr().map_err(|e| LocalError::Setup(e.to_string()))?;
-        let tcp = crate::tcp::TcpState::new(tcp_local, crate::tcp::first_acceptor(&cfg.identity, &cfg.policy)?);
+        let tcp =
+            crate::tcp::TcpState::new(tcp_local, crate::tcp::first_acceptor(&cfg.identity, &cfg.policy)?);
         let creds = Arc::new(Credentials { identity: cfg.identity.clone(), roots: cfg.policy.roots.clone() });
         let node = Arc::new(Self {
             endpoint,
@@ -290,11 +291,10 @@ impl DataOpener {
         match link {
             Link::Quic(c) => Ok((Self::Quic(c.clone()), node.cfg.tuning.streams.max(1) as usize)),
             Link::Tcp(s) => {
-                let rx = node
-                    .tcp
-                    .rendezvous
-                    .take(s.session, peer)
-                    .ok_or_else(|| WireError::Protocol("the session's data connections are taken".into()))?;
+                let rx =
+                    node.tcp.rendezvous.take(s.session, peer).ok_or_else(|| {
+                        WireError::Protocol("the session's data connections are taken".into())
+                    })?;
                 if s.data_channels == 0 {
                     return Err(WireError::Protocol("a fetch session without data connections".into()));
                 }
@@ -305,7 +305,9 @@ impl DataOpener {
 
     async fn open(&self) -> Result<SendHalf, WireError> {
         match self {
-            Self::Quic(c) => c.open_uni().await.map(SendHalf::Quic).map_err(|e| crate::io::from_conn_error(&e)),
+            Self::Quic(c) => {
+                c.open_uni().await.map(SendHalf::Quic).map_err(|e| crate::io::from_conn_error(&e))
+            }
             Self::Tcp(rx, session) => {
                 let next = tokio::time::timeout(std::time::Duration::from_secs(10), async {
                     rx.lock().await.recv().await

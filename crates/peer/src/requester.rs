@@ -20,8 +20,8 @@ use tokio::sync::mpsc;
 
 use crate::io::{AbortOnDrop, ChunkSink, control_reader, write_frame};
 use crate::link::{Link, LinkInfo};
-use crate::router::{ChunkItem, Route, read_chunks};
 use crate::node::PeerNode;
+use crate::router::{ChunkItem, Route, read_chunks};
 use crate::tls::RegionId;
 use kvferry_pool::sync::LockExt;
 
@@ -202,7 +202,11 @@ impl PeerNode {
     /// Where transfer `id`'s chunks arrive: QUIC: registered with the connection's router
     /// (unregistered when the guard drops); TCP: one reader per data connection of the session
     /// (aborted when the guard drops).
-    fn chunk_route(&self, link: &Link, id: u128) -> Result<(mpsc::Receiver<ChunkItem>, RouteGuard), WireError> {
+    fn chunk_route(
+        &self,
+        link: &Link,
+        id: u128,
+    ) -> Result<(mpsc::Receiver<ChunkItem>, RouteGuard), WireError> {
         match link {
             Link::Quic(c) => {
                 let router = self

@@ -65,7 +65,11 @@ pub(crate) async fn route_streams(conn: Connection, budget: Arc<Budget>, router:
     loop {
         match conn.accept_uni().await {
             Ok(recv) => {
-                tokio::spawn(read_chunks(RecvHalf::Quic(recv), budget.clone(), Route::Router(router.clone())));
+                tokio::spawn(read_chunks(
+                    RecvHalf::Quic(recv),
+                    budget.clone(),
+                    Route::Router(router.clone()),
+                ));
             }
             Err(e) => {
                 router.fail_all(from_conn_error(&e)).await;

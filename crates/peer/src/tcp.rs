@@ -372,7 +372,12 @@ async fn dial_one(
 impl PeerNode {
     /// Dials a TCP session to `peer`: a control connection and `data` data connections, all
     /// at once. Every handshake verifies the peer exactly as a QUIC one would.
-    pub(crate) async fn dial_tcp(&self, peer: &RegionId, addr: SocketAddr, data: u32) -> Result<Link, WireError> {
+    pub(crate) async fn dial_tcp(
+        &self,
+        peer: &RegionId,
+        addr: SocketAddr,
+        data: u32,
+    ) -> Result<Link, WireError> {
         let data = data.min(u32::from(MAX_DATA_CHANNELS)) as u8;
         let creds = self.credentials();
         let tls = client_crypto(&creds.identity, creds.roots.clone(), peer)
@@ -386,7 +391,8 @@ impl PeerNode {
                 tokio::spawn(dial_one(connector.clone(), addr, buffer, p))
             })
             .collect();
-        let control = dial_one(connector, addr, buffer, Preamble { session, role: Role::Control { data } }).await;
+        let control =
+            dial_one(connector, addr, buffer, Preamble { session, role: Role::Control { data } }).await;
         let mut datas = Vec::with_capacity(data_dials.len());
         let mut failed = None;
         for d in data_dials {

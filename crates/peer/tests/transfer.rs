@@ -123,7 +123,12 @@ fn setup(
     setup_wrapped(t, layers, blocks, None, source_wrap)
 }
 
-fn setup_with(t: TransportChoice, layers: u32, blocks: u32, tcp_listen: Option<std::net::SocketAddr>) -> Setup {
+fn setup_with(
+    t: TransportChoice,
+    layers: u32,
+    blocks: u32,
+    tcp_listen: Option<std::net::SocketAddr>,
+) -> Setup {
     setup_wrapped(t, layers, blocks, tcp_listen, |x| x)
 }
 
@@ -168,8 +173,22 @@ fn setup_wrapped(
         bpbl,
         opened: AtomicU64::new(0),
     });
-    let owner = common::node_on(t, tcp_listen, pki.issue("src").unwrap(), &pki, &["dst"], catalog.clone(), 64 << 20);
-    Setup { t, pki, src_pool, dst_pool, dst_backend, layout, hashes, catalog, counting, owner, src_ids, dst_ids }
+    let owner =
+        common::node_on(t, tcp_listen, pki.issue("src").unwrap(), &pki, &["dst"], catalog.clone(), 64 << 20);
+    Setup {
+        t,
+        pki,
+        src_pool,
+        dst_pool,
+        dst_backend,
+        layout,
+        hashes,
+        catalog,
+        counting,
+        owner,
+        src_ids,
+        dst_ids,
+    }
 }
 
 impl Setup {
@@ -628,7 +647,10 @@ async fn auto_falls_back_to_tcp_when_udp_is_blocked() {
     // Where UDP passes, `auto` stays on QUIC.
     let other = s.requester("dst", 8 << 20);
     other.set_transport(&s.src_id(), TransportChoice::Auto);
-    let r = other.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(20)), s.sink()).await.unwrap();
+    let r = other
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(20)), s.sink())
+        .await
+        .unwrap();
     assert_eq!(r.link.transport, Transport::Quic, "{r:?}");
 }
 
