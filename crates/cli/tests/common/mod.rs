@@ -141,6 +141,7 @@ impl Cluster {
                         gbps: 10.0,
                         rtt_ms: 1.0,
                         max_egress_gbps: 0.0,
+                        transport: Default::default(),
                     })
                     .collect(),
                 ..Config::default()
