@@ -18,7 +18,7 @@ pub mod transport;
 pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
 pub use link::{LinkInfo, Transport, TransportChoice};
 pub use node::{BlockCatalog, Credentials, FetchPolicy, PeerConfig, PeerNode, Rotation, Served};
-pub use pool_io::PoolChunks;
+pub use pool_io::{FlatChunks, PoolChunks, flat_span};
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;
 pub use requester::{FetchReceipt, FetchSpec};

@@ -286,6 +286,17 @@ impl RecvHalf {
         }
     }
 
+    /// TCP: reads what the peer still sends until it closes (at most a second), so that
+    /// closing our socket with unread bytes in it cannot reset the connection and destroy the
+    /// answer we just wrote before the peer has read it. QUIC needs none of this.
+    pub(crate) async fn linger(&mut self) {
+        if let Self::Tcp(r) = self {
+            let mut sink = [0u8; 4096];
+            let drain = async { while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {} };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        }
+    }
+
     /// Asks the sender to stop (QUIC `STOP_SENDING`; TCP: the channel is simply dropped).
     pub(crate) fn stop(&mut self) {
         if let Self::Quic(r) = self {

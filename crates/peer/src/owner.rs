@@ -47,15 +47,10 @@ impl PeerNode {
     pub fn start(cfg: PeerConfig, catalog: Arc<dyn BlockCatalog>) -> Result<Arc<Self>, WireError> {
         let server = quic_server_config(&cfg.identity, &cfg.policy, &cfg.tuning)
             .map_err(|e| LocalError::Setup(e.to_string()))?;
-        let (socket, _, _) = bind_udp(cfg.listen, cfg.tuning.socket_buffer_bytes)
-            .map_err(|e| LocalError::Setup(e.to_string()))?;
+        let (socket, listener) =
+            bind_both(&cfg).map_err(|e| LocalError::Setup(format!("peer sockets on {}: {e}", cfg.listen)))?;
         let endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, Arc::new(TokioRuntime))
             .map_err(|e| LocalError::Setup(e.to_string()))?;
-        // TCP listens on the QUIC port number (UDP and TCP ports are distinct) unless configured.
-        let quic_addr = endpoint.local_addr().map_err(|e| LocalError::Setup(e.to_string()))?;
-        let tcp_addr = cfg.tcp_listen.unwrap_or(quic_addr);
-        let listener = crate::tcp::bind_listener(tcp_addr, &cfg.tuning)
-            .map_err(|e| LocalError::Setup(format!("TCP listener on {tcp_addr}: {e}")))?;
         let tcp_local = listener.local_addr().map_err(|e| LocalError::Setup(e.to_string()))?;
         let tcp =
             crate::tcp::TcpState::new(tcp_local, crate::tcp::first_acceptor(&cfg.identity, &cfg.policy)?);
@@ -85,6 +80,34 @@ impl PeerNode {
         tokio::spawn(crate::tcp::accept_loop(node.clone(), listener));
         Ok(node)
     }
+}
+
+/// Binds QUIC's UDP socket and TCP's listener. TCP listens on the QUIC port number unless
+/// `tcp_listen` says otherwise; with an ephemeral QUIC port (port 0) a free TCP port is taken
+/// first and UDP bound to the same number (TCP ports are the scarcer: every dialled TCP
+/// connection holds one), retried a few times when that UDP port is taken.
+fn bind_both(cfg: &PeerConfig) -> std::io::Result<(std::net::UdpSocket, tokio::net::TcpListener)> {
+    let buffers = cfg.tuning.socket_buffer_bytes;
+    if let Some(tcp) = cfg.tcp_listen {
+        let (udp, _, _) = bind_udp(cfg.listen, buffers)?;
+        return Ok((udp, crate::tcp::bind_listener(tcp, &cfg.tuning)?));
+    }
+    if cfg.listen.port() != 0 {
+        let (udp, _, _) = bind_udp(cfg.listen, buffers)?;
+        return Ok((udp, crate::tcp::bind_listener(cfg.listen, &cfg.tuning)?));
+    }
+    let mut last = None;
+    for _ in 0..16 {
+        let tcp = crate::tcp::bind_listener(cfg.listen, &cfg.tuning)?;
+        let mut at = cfg.listen;
+        at.set_port(tcp.local_addr()?.port());
+        match bind_udp(at, buffers) {
+            Ok((udp, _, _)) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrInUse)))
 }
 
 struct ServingGuard<'a>(&'a AtomicU32);
@@ -148,7 +171,11 @@ pub(crate) async fn serve_transfer(
     let (req, query_only) = match read_frame(&mut ctl_recv).await? {
         Some(Frame::Request(r)) => (r, false),
         Some(Frame::Query(r)) => (r, true),
-        Some(Frame::Probe(p)) => return crate::probe::serve_probe(ctl_send, p).await,
+        Some(Frame::Probe(p)) => {
+            let r = crate::probe::serve_probe(ctl_send, p).await;
+            ctl_recv.linger().await;
+            return r;
+        }
         // A channel closed without a job (a readiness handshake).
         None => return Ok(()),
         other => return Err(WireError::Protocol(format!("expected a request, got {other:?}"))),
@@ -160,6 +187,7 @@ pub(crate) async fn serve_transfer(
         Err((code, detail)) => {
             write_frame(&mut ctl_send, &refuse(code, detail)).await?;
             ctl_send.finish().await;
+            ctl_recv.linger().await;
             return Ok(());
         }
     };
@@ -169,6 +197,7 @@ pub(crate) async fn serve_transfer(
             Err(r) => {
                 write_frame(&mut ctl_send, &Frame::Refusal(r)).await?;
                 ctl_send.finish().await;
+                ctl_recv.linger().await;
                 return Ok(());
             }
         };
@@ -183,6 +212,7 @@ pub(crate) async fn serve_transfer(
         kvferry_wire::frame::encode(&Frame::Load(load), &mut both);
         ctl_send.write_all(&both).await?;
         ctl_send.finish().await;
+        ctl_recv.linger().await;
         return Ok(());
     }
     write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;

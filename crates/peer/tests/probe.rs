@@ -2,6 +2,7 @@
 //! with synthetic bytes, is capped with a typed refusal, needs the same mutual TLS as a fetch,
 //! respects its deadline, and feeds the link estimator; over QUIC and over TCP.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
@@ -116,23 +117,7 @@ async fn a_probe_ends_by_its_deadline(tr: TransportChoice) {
     assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
 }
 
-macro_rules! over_both_transports {
-    ($($name:ident),* $(,)?) => {
-        mod quic {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(kvferry_peer::TransportChoice::Quic).await
-            })*
-        }
-        mod tcp {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(kvferry_peer::TransportChoice::Tcp).await
-            })*
-        }
-    };
-}
-
+// Every case above, over QUIC and over TCP.
 over_both_transports!(
     a_probe_measures_goodput_and_feeds_the_estimator,
     a_probe_over_the_cap_is_a_typed_refusal,

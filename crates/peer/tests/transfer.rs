@@ -2,6 +2,7 @@
 //! case runs over both, `quic::…` and `tcp::…`), real mutual TLS with region identities, and real shared-memory KV pools on both ends (the engine SDK creates the
 //! pool, the daemon side maps it through the shm backend, exactly as in production).
 
+#[macro_use]
 mod common;
 
 use std::os::unix::net::UnixStream;
@@ -19,7 +20,7 @@ use kvferry_pool::MemoryBackend;
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use kvferry_wire::{ChunkSpec, WireError};
 
-use common::{TD, node};
+use common::{Dial, TD, node};
 
 fn layout(layers: u32, kv_heads: u32, head_dim: u32, blocks: u32) -> PoolLayout {
     let spec = AttnSpec { layers, kv_heads, head_dim, block_size: 16, dtype: Dtype::Bf16 };
@@ -173,8 +174,8 @@ fn setup_wrapped(
         bpbl,
         opened: AtomicU64::new(0),
     });
-    let owner =
-        common::node_on(t, tcp_listen, pki.issue("src").unwrap(), &pki, &["dst"], catalog.clone(), 64 << 20);
+    let dial = Dial { transport: t, tcp_listen };
+    let owner = node(dial, pki.issue("src").unwrap(), &pki, &["dst"], catalog.clone(), 64 << 20);
     Setup {
         t,
         pki,
@@ -654,24 +655,7 @@ async fn auto_falls_back_to_tcp_when_udp_is_blocked() {
     assert_eq!(r.link.transport, Transport::Quic, "{r:?}");
 }
 
-/// Runs each case over QUIC (`quic::name`) and over TCP (`tcp::name`).
-macro_rules! over_both_transports {
-    ($($name:ident),* $(,)?) => {
-        mod quic {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(kvferry_peer::TransportChoice::Quic).await
-            })*
-        }
-        mod tcp {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() {
-                super::$name(kvferry_peer::TransportChoice::Tcp).await
-            })*
-        }
-    };
-}
-
+// Every case above, over QUIC and over TCP.
 over_both_transports!(
     one_block_lands_byte_identical,
     sixty_four_mib_lands_byte_identical,

@@ -12,31 +12,33 @@ use kvferry_peer::{
 /// The trust domain of every test identity.
 pub const TD: &str = "kvferry.test";
 
-/// Starts an endpoint on 127.0.0.1 (any port) with `identity`, trusting `pki`'s roots and
-/// admitting `allowed` regions, serving `catalog`, with `staging` bytes of staging per direction,
-/// dialling peers over `transport`.
-pub fn node(
-    transport: TransportChoice,
-    identity: TlsIdentity,
-    pki: &DevPki,
-    allowed: &[&str],
-    catalog: Arc<dyn BlockCatalog>,
-    staging: usize,
-) -> Arc<PeerNode> {
-    node_on(transport, None, identity, pki, allowed, catalog, staging)
+/// How a test endpoint dials, and where its TCP side listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Dial {
+    /// The transport toward peers.
+    pub transport: TransportChoice,
+    /// Where TCP listens (`None`: the QUIC port number).
+    pub tcp_listen: Option<std::net::SocketAddr>,
 }
 
-/// [`node`] with TCP listening on `tcp_listen` (`None`: the QUIC port number).
-#[allow(dead_code)] // not every test binary needs it
-pub fn node_on(
-    transport: TransportChoice,
-    tcp_listen: Option<std::net::SocketAddr>,
+impl From<TransportChoice> for Dial {
+    fn from(transport: TransportChoice) -> Self {
+        Self { transport, tcp_listen: None }
+    }
+}
+
+/// Starts an endpoint on 127.0.0.1 (any port) with `identity`, trusting `pki`'s roots and
+/// admitting `allowed` regions, serving `catalog`, with `staging` bytes of staging per direction,
+/// dialling peers as `dial` says.
+pub fn node(
+    dial: impl Into<Dial>,
     identity: TlsIdentity,
     pki: &DevPki,
     allowed: &[&str],
     catalog: Arc<dyn BlockCatalog>,
     staging: usize,
 ) -> Arc<PeerNode> {
+    let Dial { transport, tcp_listen } = dial.into();
     let cfg = PeerConfig {
         identity,
         policy: TrustPolicy {
@@ -58,4 +60,23 @@ pub fn node_on(
         auto_fallback: Duration::from_millis(300),
     };
     PeerNode::start(cfg, catalog).unwrap()
+}
+
+/// Runs each listed case — an `async fn(TransportChoice)` of the test file — over QUIC
+/// (`quic::name`) and over TCP (`tcp::name`).
+macro_rules! over_both_transports {
+    ($($name:ident),* $(,)?) => {
+        mod quic {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(kvferry_peer::TransportChoice::Quic).await
+            })*
+        }
+        mod tcp {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(kvferry_peer::TransportChoice::Tcp).await
+            })*
+        }
+    };
 }
