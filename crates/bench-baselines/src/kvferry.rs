@@ -17,15 +17,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use kvferry_peer::{
-    BlockCatalog, BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource, Congestion, FetchSpec, LinkTuning,
-    PeerConfig, PeerNode, RegionId, Served, TlsIdentity, TransportChoice, TrustPolicy,
+    BoxFut, ChunkError, ChunkSink, Congestion, FetchSpec, FlatChunks, LinkTuning, PeerConfig, PeerNode,
+    TlsIdentity, TransportChoice, TrustPolicy,
 };
 use kvferry_wanem::Emulator;
 use kvferry_wire::ChunkSpec;
-use kvferry_wire::frame::{FetchRequest, RefusalCode};
 
-use crate::pair::{Pki, SideReport, TRUST_DOMAIN, run_pair};
-use crate::{BaselineRun, PATTERN_SEED, Pattern, finish, thread_cpu, transfer_timeout};
+use crate::pair::{Pki, SideReport, TRUST_DOMAIN, measured, run_pair};
+use crate::{BaselineRun, PATTERN_SEED, Pattern, thread_cpu, transfer_timeout};
 
 const LAYERS: u32 = 16;
 const BPBL: u64 = 256 << 10;
@@ -40,60 +39,16 @@ pub fn kvferry_tcp(emu: &Emulator, bytes: u64, cc: Congestion) -> anyhow::Result
     run(emu, bytes, TransportChoice::Tcp, cc)
 }
 
-/// The payload's chunk `spec`, located in the flat buffer (chunks tile it: whole layers of
-/// every block, or a run of blocks of one layer).
-fn span(spec: &ChunkSpec, blocks: u32) -> std::ops::Range<usize> {
-    let layers = u64::from(spec.layers.1 - spec.layers.0);
-    let at = u64::from(spec.layers.0) * u64::from(blocks) * BPBL + u64::from(spec.blocks.0) * layers * BPBL;
-    at as usize..(at + spec.len) as usize
-}
-
-struct Piece(Arc<Vec<u8>>, std::ops::Range<usize>);
-
-impl AsRef<[u8]> for Piece {
-    fn as_ref(&self) -> &[u8] {
-        &self.0[self.1.clone()]
-    }
-}
-
-/// Serves the payload to any request (the baseline measures the link, not the catalog).
-struct Payload {
-    bytes: Arc<Vec<u8>>,
-    blocks: u32,
-}
-
-impl ChunkSource for Payload {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
-        let piece = Piece(self.bytes.clone(), span(&spec, self.blocks));
-        Box::pin(async move { Ok(Box::new(piece) as ChunkBytes) })
-    }
-}
-
-struct Everything(Arc<Payload>);
-
-impl BlockCatalog for Everything {
-    fn open(&self, _peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)> {
-        Ok(Served {
-            blocks_held: (req.block_hashes.len() as u32).min(self.0.blocks),
-            layers: LAYERS,
-            bytes_per_block_layer: BPBL,
-            source: self.0.clone(),
-            egress_cap_bps: 0,
-        })
-    }
-}
-
 /// Compares every landed chunk with the payload.
 struct Compare {
-    expect: Arc<Vec<u8>>,
-    blocks: u32,
+    expect: FlatChunks,
     ok: AtomicBool,
     landed: AtomicU64,
 }
 
 impl ChunkSink for Compare {
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
-        let same = self.expect.get(span(&spec, self.blocks)) == Some(payload);
+        let same = self.expect.get(&spec) == Some(payload);
         self.ok.fetch_and(same, Ordering::Relaxed);
         self.landed.fetch_add(payload.len() as u64, Ordering::Relaxed);
         Box::pin(async { Ok(()) })
@@ -148,11 +103,11 @@ fn run(emu: &Emulator, bytes: u64, t: TransportChoice, cc: Congestion) -> anyhow
     let source_id = pki.a.id.clone();
     let (id_a, policy_a, id_b) = (pki.a, pki.policy_a, pki.b);
 
-    let served = Arc::new(Payload { bytes: payload.clone(), blocks });
+    let served = Arc::new(FlatChunks::new(payload.clone(), blocks, LAYERS, BPBL));
     let done_a = done.clone();
     let sender = move |port_tx: tokio::sync::oneshot::Sender<u16>| async move {
         let cfg = config(id_a, policy_a, SocketAddr::new(addr_a.into(), 0), tuning, t);
-        let node = PeerNode::start(cfg, Arc::new(Everything(served)))?;
+        let node = PeerNode::start(cfg, served)?;
         let _ = port_tx.send(node.local_addr().port());
         let c0 = thread_cpu();
         done_a.notified().await;
@@ -160,13 +115,9 @@ fn run(emu: &Emulator, bytes: u64, t: TransportChoice, cc: Congestion) -> anyhow
     };
     let receiver = move |port: u16| async move {
         let cfg = config(id_b, policy_b, SocketAddr::new(addr_b.into(), 0), tuning, t);
-        let node = PeerNode::start(
-            cfg,
-            Arc::new(Everything(Arc::new(Payload { bytes: Arc::new(Vec::new()), blocks: 0 }))),
-        )?;
+        let node = PeerNode::start(cfg, Arc::new(FlatChunks::new(Arc::new(Vec::new()), 0, LAYERS, BPBL)))?;
         let sink = Arc::new(Compare {
-            expect: payload,
-            blocks,
+            expect: FlatChunks::new(payload, blocks, LAYERS, BPBL),
             ok: AtomicBool::new(true),
             landed: AtomicU64::new(0),
         });
@@ -204,18 +155,14 @@ fn run(emu: &Emulator, bytes: u64, t: TransportChoice, cc: Congestion) -> anyhow
         TransportChoice::Tcp => "kvferry-tcp",
         _ => "kvferry-quic",
     };
-    Ok(finish(BaselineRun {
+    Ok(measured(
         name,
-        bytes: b.bytes,
-        wall_s: b.wall_s,
-        goodput_bps: 0.0,
-        cpu_s_sender: a.cpu_s,
-        cpu_s_receiver: b.cpu_s,
-        verified: b.verified,
-        note: format!(
+        &a,
+        &b,
+        format!(
             "kvferry-peer (no daemon), windows/buffers from the link's BDP, mutual TLS 1.3 \
              (rustls/aws-lc-rs, userspace crypto: no kTLS), 4 MiB checksummed chunks; {}",
             b.detail
         ),
-    }))
+    ))
 }

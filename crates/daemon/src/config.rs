@@ -128,24 +128,12 @@ mod congestion {
     }
 }
 
-/// `peers[].transport`: the peer crate's [`TransportChoice`] (`quic`, `tcp`, `auto`, any letter
-/// case; written out as [`TransportChoice::name`]).
-mod transport_choice {
-    use kvferry_peer::TransportChoice;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(c: &TransportChoice, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(c.name())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<TransportChoice, D::Error> {
-        let s = String::deserialize(d)?;
-        TransportChoice::parse(&s).ok_or_else(|| {
-            serde::de::Error::custom(format!(
-                "peers[].transport: must be \"quic\", \"tcp\" or \"auto\", got {s:?}"
-            ))
-        })
-    }
+/// `peers[].transport`: the peer crate's [`TransportChoice`] (read and written through
+/// [`Choice`]; the peer crate's own spellings are the same).
+impl Choice for TransportChoice {
+    const FIELD: &'static str = "peers[].transport";
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("quic", Self::Quic), ("tcp", Self::Tcp), ("auto", Self::Auto)];
 }
 
 /// The whole configuration.
@@ -276,7 +264,7 @@ pub struct Peer {
     /// How to reach that peer: `quic` (UDP), `tcp` (TLS 1.3 over TCP, for paths that block
     /// UDP), or `auto` (QUIC first, TCP when the QUIC handshake does not complete within
     /// `transfer.auto_fallback_ms`). This daemon listens on both either way.
-    #[serde(default, with = "transport_choice")]
+    #[serde(default, serialize_with = "ser_choice", deserialize_with = "de_choice")]
     pub transport: TransportChoice,
 }
 
@@ -844,6 +832,10 @@ mod tests {
         // The congestion spellings the peer crate accepts are still accepted.
         let c = Config::parse("[transfer]\ncongestion = \"New-Reno\"").unwrap();
         assert_eq!(c.transfer.congestion, Congestion::NewReno);
+        // The file's spellings of a transport are the peer crate's own.
+        for (n, v) in <TransportChoice as Choice>::NAMES {
+            assert_eq!((TransportChoice::parse(n), v.name()), (Some(*v), *n));
+        }
         // Every transport choice of a peer entry round-trips; the default is QUIC.
         let peer = "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"";
         assert_eq!(Config::parse(peer).unwrap().peers[0].transport, TransportChoice::Quic);

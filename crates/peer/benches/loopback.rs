@@ -110,6 +110,7 @@ fn owner_main() {
     let source = Arc::new(FlatChunks::new(
         Arc::new(pattern(blocks as usize * LAYERS as usize * BPBL as usize)),
         blocks,
+        LAYERS,
         BPBL,
     ));
     let cfg = PeerConfig {
