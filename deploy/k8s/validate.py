@@ -132,6 +132,7 @@ def check_toml_types(where: str, value, rust: str, structs: dict, config_rs: Pat
         "RouterTlsMode": lambda v: v in ("off", "dev", "files"),
         "Congestion": lambda v: isinstance(v, str) and v.lower() in ("cubic", "bbr", "newreno", "new-reno", "reno"),
         "HedgeMode": lambda v: v in ("off", "on_request", "always"),
+        "TransportChoice": lambda v: v in ("quic", "tcp", "auto"),
     }.get(rust)
     if ok is None:
         fail.add(where, f"validate.py does not know the Rust type {rust}; update it")

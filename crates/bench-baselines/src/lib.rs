@@ -11,6 +11,9 @@
 //! - [`tcp_tls`]: one TCP connection, TLS 1.3 with mutual authentication (same rustls
 //!   configuration, aws-lc-rs), no socket options at all (kernel autotuning; the emulator's
 //!   namespaces allow `tcp_{r,w}mem` up to 64 MiB), tokio + tokio-rustls.
+//! - [`kvferry_quic`] and [`kvferry_tcp`]: kvferry's own peer transport (two `PeerNode`s, no
+//!   daemon) at the baselines' size, over QUIC and over TLS 1.3 + TCP (BBR where the kernel has
+//!   it, 4 connections): the transport choice measured beside the stacks it replaces.
 //! - [`nixl_ucx_tcp`]: two processes (`kvferry-nixl-baseline`, one per namespace), each with a
 //!   NIXL agent and its UCX backend restricted to TCP (`UCX_TLS=tcp`,
 //!   `UCX_NET_DEVICES=kvf0`); the target READs the source's DRAM buffer in one request.
@@ -37,6 +40,7 @@
 
 use std::time::Duration;
 
+mod kvferry;
 mod nixl;
 #[cfg(feature = "nixl")]
 pub mod nixl_peer;
@@ -44,6 +48,7 @@ mod pair;
 mod quic;
 mod tcp;
 
+pub use kvferry::{kvferry_quic, kvferry_tcp};
 pub use nixl::{BIN_ENV as NIXL_BIN_ENV, OP_ENV as NIXL_OP_ENV, nixl_ucx_tcp};
 pub use quic::quinn_defaults;
 pub use tcp::tcp_tls;
@@ -51,7 +56,7 @@ pub use tcp::tcp_tls;
 /// One baseline measurement.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BaselineRun {
-    /// `quinn-defaults`, `tcp-tls` or `nixl-ucx-tcp`.
+    /// `quinn-defaults`, `tcp-tls`, `nixl-ucx-tcp`, `kvferry-quic` or `kvferry-tcp`.
     pub name: &'static str,
     /// Payload bytes moved (0 when skipped).
     pub bytes: u64,

@@ -132,3 +132,22 @@ impl Pki {
         Ok(Self { a, b, policy_a, roots: pki.roots() })
     }
 }
+
+/// The run the two sides measured: the receiver's bytes, wall time and verdict, both sides' CPU.
+pub(crate) fn measured(
+    name: &'static str,
+    a: &SideReport,
+    b: &SideReport,
+    note: String,
+) -> crate::BaselineRun {
+    crate::finish(crate::BaselineRun {
+        name,
+        bytes: b.bytes,
+        wall_s: b.wall_s,
+        goodput_bps: 0.0,
+        cpu_s_sender: a.cpu_s,
+        cpu_s_receiver: b.cpu_s,
+        verified: b.verified,
+        note,
+    })
+}

@@ -16,8 +16,8 @@ use anyhow::{Context, anyhow};
 use kvferry_wanem::Emulator;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
 
-use crate::pair::{Pki, SideReport, parse_request, request, run_pair};
-use crate::{BaselineRun, PATTERN_SEED, Pattern, finish, thread_cpu, transfer_timeout};
+use crate::pair::{Pki, SideReport, measured, parse_request, request, run_pair};
+use crate::{BaselineRun, PATTERN_SEED, Pattern, thread_cpu, transfer_timeout};
 
 /// Receive buffer of the reading loop.
 const READ_BUF: usize = 1 << 20;
@@ -95,19 +95,15 @@ pub fn quinn_defaults(emu: &Emulator, bytes: u64) -> anyhow::Result<BaselineRun>
         Ok(SideReport { cpu_s, wall_s, verified: ok && got == bytes, bytes: got, detail: String::new() })
     };
     let (a, b) = run_pair(emu, timeout, sender, receiver)?;
-    Ok(finish(BaselineRun {
-        name: "quinn-defaults",
-        bytes: b.bytes,
-        wall_s: b.wall_s,
-        goodput_bps: 0.0,
-        cpu_s_sender: a.cpu_s,
-        cpu_s_receiver: b.cpu_s,
-        verified: b.verified,
-        note: format!(
+    Ok(measured(
+        "quinn-defaults",
+        &a,
+        &b,
+        format!(
             "quinn 0.11 default TransportConfig/EndpointConfig (CUBIC), default UDP socket buffers, \
              1 connection, 1 uni stream, mutual TLS 1.3 (rustls/aws-lc-rs); CPU = RUSAGE_THREAD of \
              each side's current_thread runtime; {}",
             a.detail
         ),
-    }))
+    ))
 }

@@ -17,8 +17,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::pair::{Pki, SideReport, parse_request, request, run_pair};
-use crate::{BaselineRun, PATTERN_SEED, Pattern, finish, thread_cpu, transfer_timeout};
+use crate::pair::{Pki, SideReport, measured, parse_request, request, run_pair};
+use crate::{BaselineRun, PATTERN_SEED, Pattern, thread_cpu, transfer_timeout};
 
 const READ_BUF: usize = 1 << 20;
 
@@ -83,18 +83,14 @@ pub fn tcp_tls(emu: &Emulator, bytes: u64) -> anyhow::Result<BaselineRun> {
         Ok(SideReport { cpu_s, wall_s, verified: ok && got == bytes, bytes: got, detail: String::new() })
     };
     let (a, b) = run_pair(emu, timeout, sender, receiver)?;
-    Ok(finish(BaselineRun {
-        name: "tcp-tls",
-        bytes: b.bytes,
-        wall_s: b.wall_s,
-        goodput_bps: 0.0,
-        cpu_s_sender: a.cpu_s,
-        cpu_s_receiver: b.cpu_s,
-        verified: b.verified,
-        note: format!(
+    Ok(measured(
+        "tcp-tls",
+        &a,
+        &b,
+        format!(
             "1 TCP connection, no socket options (kernel autotuning; congestion control {cc}, the \
              namespace default), mutual TLS 1.3 (tokio-rustls, rustls/aws-lc-rs); CPU = RUSAGE_THREAD \
              of each side's current_thread runtime"
         ),
-    }))
+    ))
 }

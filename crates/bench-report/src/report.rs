@@ -49,7 +49,8 @@ pub struct TransferPoint {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BaselinePoint {
     pub link: LinkSpec,
-    /// `quinn-defaults`, `tcp-tls`, `nixl-ucx-tcp`.
+    /// `quinn-defaults`, `tcp-tls`, `nixl-ucx-tcp`; kvferry's own transports at the same size:
+    /// `kvferry-quic`, `kvferry-tcp`.
     pub name: String,
     pub bytes: u64,
     pub wall_s: f64,

@@ -59,8 +59,13 @@ pub fn target_notes(r: &BenchReport) -> Vec<String> {
             }
         }
         out.push(line);
-        // Baselines on the same profile.
-        for b in r.baselines.iter().filter(|b| b.link.profile == *p && !b.is_skipped()) {
+        // Baselines on the same profile (kvferry's own peer-level rows, `kvferry-quic` and
+        // `kvferry-tcp`, compare transports and are no target to beat).
+        for b in r
+            .baselines
+            .iter()
+            .filter(|b| b.link.profile == *p && !b.is_skipped() && !b.name.starts_with("kvferry-"))
+        {
             let Some(k) = pts.iter().min_by_key(|t| t.session_bytes.abs_diff(b.bytes)) else { continue };
             let x = k.goodput_bps / b.goodput_bps.max(1.0);
             let (want, what) = if b.name == "quinn-defaults" { (4.0, "≥ 4×") } else { (1.0, "faster") };

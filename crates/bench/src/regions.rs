@@ -135,6 +135,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path, o: &RegionOptions) -> Str
             rtt_ms: o.rtt_ms,
             max_egress_gbps: 0.0,
             tenants: None,
+            transport: Default::default(),
         }],
         ..kvferry_daemon::Config::default()
     };

@@ -353,15 +353,18 @@ async fn profile_body(
         regions.check_alive()?;
     }
     if !a.no_baselines {
-        for (name, f) in [
-            (
-                "quinn-defaults",
-                kvferry_baselines::quinn_defaults
-                    as fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun>,
-            ),
-            ("tcp-tls", kvferry_baselines::tcp_tls),
-            ("nixl-ucx-tcp", kvferry_baselines::nixl_ucx_tcp),
-        ] {
+        type Baseline<'a> =
+            Box<dyn Fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun> + 'a>;
+        let cc = a.congestion;
+        let runs: [(&str, Baseline<'_>); 5] = [
+            ("quinn-defaults", Box::new(kvferry_baselines::quinn_defaults)),
+            ("tcp-tls", Box::new(kvferry_baselines::tcp_tls)),
+            ("nixl-ucx-tcp", Box::new(kvferry_baselines::nixl_ucx_tcp)),
+            // kvferry's own transport at the same size, QUIC beside TCP (peer level, no daemon).
+            ("kvferry-quic", Box::new(move |e: &Emulator, b| kvferry_baselines::kvferry_quic(e, b, cc))),
+            ("kvferry-tcp", Box::new(move |e: &Emulator, b| kvferry_baselines::kvferry_tcp(e, b, cc))),
+        ];
+        for (name, f) in runs {
             let bytes = plan.baseline_bytes;
             let r = tokio::task::block_in_place(|| f(emu, bytes));
             let point = match r {

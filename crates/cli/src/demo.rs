@@ -91,6 +91,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path) -> String {
             rtt_ms: 1.0,
             max_egress_gbps: 0.0,
             tenants: None,
+            transport: Default::default(),
         }],
         ..kvferry_daemon::Config::default()
     };

@@ -225,12 +225,18 @@ pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
         .into_inner();
     println!("links of region {}:", r.region);
     println!(
-        "  {:<14} {:>9} {:>12} {:>9} {:>6} {:>8} {:>10} {:>9}",
-        "peer", "rtt_ms", "goodput", "age_s", "conf", "samples", "pred_err", "connected"
+        "  {:<14} {:>9} {:>12} {:>9} {:>6} {:>8} {:>10} {:>9} {:>10}",
+        "peer", "rtt_ms", "goodput", "age_s", "conf", "samples", "pred_err", "connected", "transport"
     );
     for l in r.links {
+        // The setting, and what carried the last job where it differs (auto -> tcp).
+        let transport = match (l.transport_setting.as_str(), l.transport.as_str()) {
+            (set, "") => set.to_owned(),
+            (set, used) if set == used => set.to_owned(),
+            (set, used) => format!("{set}->{used}"),
+        };
         println!(
-            "  {:<14} {:>9.2} {:>8.2} Gb/s {:>9} {:>6.2} {:>8} {:>10.3} {:>9}",
+            "  {:<14} {:>9.2} {:>8.2} Gb/s {:>9} {:>6.2} {:>8} {:>10.3} {:>9} {:>10}",
             l.region,
             l.rtt_ms,
             l.goodput_gbps,
@@ -238,7 +244,8 @@ pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
             l.confidence,
             l.samples,
             l.prediction_error,
-            l.connected
+            l.connected,
+            transport
         );
     }
     Ok(())

@@ -291,6 +291,37 @@ async fn nixl_pool_end_to_end() {
     assert_warm_equals_cold(&mut a, &convo3, 384).await;
 }
 
+/// Every peer entry on `transport = "tcp"`: the daemons' queries and fetches ride TLS 1.3 over
+/// TCP (the same mutual TLS, chunks, checksums and digest), the next turn is exact, and the
+/// receipt and `GetLinks` say TCP carried it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fetch_over_tcp_lands_exact_and_says_so() {
+    let tcp = RegionSpec {
+        configure: Some(|c| {
+            for p in &mut c.peers {
+                p.transport = kvferry_peer::TransportChoice::Tcp;
+            }
+        }),
+        ..Default::default()
+    };
+    let cl = Cluster::start([tcp.clone(), tcp]);
+    let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
+    let mut router_b = cl.router(1).await;
+    let convo = tokens(600, 41);
+    generate(&mut a, &convo, true).await;
+    let req = request("s-tcp", &convo, PolicyMode::Fetch);
+    wait_for_fetch_plan(&mut router_b, &req).await;
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
+    assert_eq!((r.tokens_ready, r.transport.as_str()), (592, "tcp"), "{r:?}");
+    assert!(r.path.contains("TCP (TLS 1.3") && !r.congestion.is_empty(), "{r:?}");
+    assert_warm_equals_cold(&mut b, &convo, 592).await;
+    let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let l = links.links.iter().find(|l| l.region == "region-a").expect("region-a in GetLinks");
+    assert_eq!((l.transport_setting.as_str(), l.transport.as_str()), ("tcp", "tcp"), "{l:?}");
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }

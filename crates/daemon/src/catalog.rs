@@ -739,6 +739,7 @@ mod tests {
             rtt_ms: 50.0,
             max_egress_gbps: cap,
             tenants: None,
+            transport: Default::default(),
         };
         let caps = EgressCaps::new(&[peer("b", 8.0), peer("c", 0.0)]);
         assert_eq!(caps.by_region.len(), 1, "a peer with cap 0 is not paced");

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use kvferry_peer::Congestion;
+use kvferry_peer::{Congestion, TransportChoice};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
@@ -128,6 +128,14 @@ mod congestion {
     }
 }
 
+/// `peers[].transport`: the peer crate's [`TransportChoice`] (read and written through
+/// [`Choice`]; the peer crate's own spellings are the same).
+impl Choice for TransportChoice {
+    const FIELD: &'static str = "peers[].transport";
+    const NAMES: &'static [(&'static str, Self)] =
+        &[("quic", Self::Quic), ("tcp", Self::Tcp), ("auto", Self::Auto)];
+}
+
 /// The whole configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -177,7 +185,7 @@ pub struct CorruptFault {
 pub struct Listen {
     /// Router-facing gRPC (Migration), TCP.
     pub grpc: SocketAddr,
-    /// Peer QUIC endpoint, UDP.
+    /// Peer endpoint: QUIC on this UDP port, TLS-over-TCP on the same TCP port number.
     pub peer: SocketAddr,
     /// HTTP: /metrics, /healthz, /readyz.
     pub http: SocketAddr,
@@ -260,6 +268,11 @@ pub struct Peer {
     /// SECURITY.md). An empty list: no tenant.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<Vec<String>>,
+    /// How to reach that peer: `quic` (UDP), `tcp` (TLS 1.3 over TCP, for paths that block
+    /// UDP), or `auto` (QUIC first, TCP when the QUIC handshake does not complete within
+    /// `transfer.auto_fallback_ms`). This daemon listens on both either way.
+    #[serde(default, serialize_with = "ser_choice", deserialize_with = "de_choice")]
+    pub transport: TransportChoice,
 }
 
 impl Peer {
@@ -351,6 +364,9 @@ pub struct Transfer {
     /// Wait before a fetch resumes on a new connection, times the reconnects so far (at most
     /// 20), ms.
     pub reconnect_backoff_ms: u64,
+    /// For peers with `transport = "auto"`: how long the QUIC handshake may take before the
+    /// link falls back to TCP (remembered for a minute, then QUIC is tried again), ms.
+    pub auto_fallback_ms: u64,
 }
 
 impl Transfer {
@@ -490,6 +506,7 @@ impl Default for Transfer {
             max_retries_per_chunk: fetch.max_retries_per_chunk,
             missing_grace_ms: fetch.missing_grace.as_millis() as u64,
             reconnect_backoff_ms: fetch.reconnect_backoff.as_millis() as u64,
+            auto_fallback_ms: 1500,
         }
     }
 }
@@ -707,6 +724,9 @@ impl Config {
         if t.reconnect_backoff_ms > 10_000 {
             return Err(invalid("transfer.reconnect_backoff_ms", "must be at most 10000"));
         }
+        if !(50..=60_000).contains(&t.auto_fallback_ms) {
+            return Err(invalid("transfer.auto_fallback_ms", "must be between 50 and 60000"));
+        }
         let p = &self.policy;
         if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
             return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
@@ -811,6 +831,11 @@ mod tests {
             ("[transfer]\nmissing_grace_ms = 0", "transfer.missing_grace_ms"),
             ("[transfer]\nmissing_grace_ms = 700000", "transfer.missing_grace_ms"),
             ("[transfer]\nreconnect_backoff_ms = 10001", "transfer.reconnect_backoff_ms"),
+            ("[transfer]\nauto_fallback_ms = 10", "transfer.auto_fallback_ms"),
+            (
+                "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntransport = \"sctp\"",
+                "peers[].transport: must be",
+            ),
             ("[transfer]\nmax_retries_per_chunk = -1", "max_retries_per_chunk"),
             ("[tls]\nreload_poll_ms = 5", "tls.reload_poll_ms"),
             (
@@ -878,6 +903,18 @@ mod tests {
         // The congestion spellings the peer crate accepts are still accepted.
         let c = Config::parse("[transfer]\ncongestion = \"New-Reno\"").unwrap();
         assert_eq!(c.transfer.congestion, Congestion::NewReno);
+        // The file's spellings of a transport are the peer crate's own.
+        for (n, v) in <TransportChoice as Choice>::NAMES {
+            assert_eq!((TransportChoice::parse(n), v.name()), (Some(*v), *n));
+        }
+        // Every transport choice of a peer entry round-trips; the default is QUIC.
+        let peer = "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"";
+        assert_eq!(Config::parse(peer).unwrap().peers[0].transport, TransportChoice::Quic);
+        for t in [TransportChoice::Quic, TransportChoice::Tcp, TransportChoice::Auto] {
+            let c = Config::parse(&format!("{peer}\ntransport = \"{}\"", t.name())).unwrap();
+            assert_eq!(c.peers[0].transport, t);
+            assert_eq!(Config::parse(&c.to_toml()).unwrap(), c);
+        }
         // An unknown value is a parse error naming the field and the values it takes.
         for (text, want) in [
             ("[tls]\nmode = \"Dev\"", "tls.mode: must be one of \"dev\", \"files\", got \"Dev\""),

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use kvferry_model::migration::fallback_reserve_s;
 use kvferry_model::{FetchObservation, MigrationAction, RecomputeObservation};
-use kvferry_peer::{FetchReceipt, FetchSpec, RegionId};
+use kvferry_peer::{FetchReceipt, FetchSpec, RegionId, Transport};
 use kvferry_proto::v1::{
     CancelRecompute, DaemonCommand, MigrationEvent, Progress, Receipt, Recompute, daemon_command,
     migration_event,
@@ -234,10 +234,9 @@ fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, f: &Fetched, re
     receipt.goodput_gbps = r.goodput_bps / 1e9;
     receipt.reconnects = r.reconnects;
     receipt.first_layer_s = r.first_layer.map_or(0.0, |d| d.as_secs_f64());
-    let path = format!(
-        "{src} pool -> QUIC (mutual TLS, {} streams) -> {} landing zone",
-        shared.config.transfer.streams, shared.config.region
-    );
+    let path = format!("{src} pool -> {} -> {} landing zone", wire_path(&r.link), shared.config.region);
+    receipt.transport = r.link.transport.name().into();
+    receipt.congestion = r.link.congestion.clone();
     if f.joined {
         receipt.bytes_moved = 0;
         receipt.shared_fetch = true;
@@ -248,6 +247,15 @@ fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, f: &Fetched, re
     receipt.path = path;
     shared.metrics.bytes_fetched.add(r.bytes);
     shared.metrics.last_goodput_gbps.set(r.goodput_bps / 1e9);
+}
+
+/// The wire leg of a receipt's path: which transport, over how many channels, which
+/// congestion controller.
+pub fn wire_path(l: &kvferry_peer::LinkInfo) -> String {
+    match l.transport {
+        Transport::Quic => format!("QUIC (mutual TLS, {} streams, {})", l.channels, l.congestion),
+        Transport::Tcp => format!("TCP (TLS 1.3, mutual TLS, {} connections, {})", l.channels, l.congestion),
+    }
 }
 
 /// A fetch failed: recompute instead if the request allows it and time remains.

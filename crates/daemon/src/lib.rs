@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kvferry_peer::{DevPki, LinkTuning, PeerConfig, PeerNode, TrustPolicy};
+use kvferry_peer::{DevPki, LinkTuning, PeerConfig, PeerNode, RegionId, TransportChoice, TrustPolicy};
 use kvferry_proto::v1::engine_server::EngineServer;
 use kvferry_proto::v1::migration_server::MigrationServer;
 use tokio::sync::Semaphore;
@@ -116,7 +116,7 @@ impl HttpRoutes {
             return true;
         }
         dial && matches!(
-            tokio::time::timeout(READY_DIAL_TIMEOUT, shared.node.connect(&id, peer.addr)).await,
+            tokio::time::timeout(READY_DIAL_TIMEOUT, shared.node.handshake(&id, peer.addr)).await,
             Ok(Ok(_))
         )
     }
@@ -258,10 +258,18 @@ impl Daemon {
                 staging_bytes: config.limits.staging_bytes as usize,
                 chunk_target_bytes: config.transfer.chunk_bytes,
                 fetch: config.transfer.fetch_policy(),
+                transport: TransportChoice::Quic,
+                tcp_listen: None,
+                auto_fallback: Duration::from_millis(config.transfer.auto_fallback_ms),
             },
             catalog,
         )
         .map_err(|e| anyhow::anyhow!("peer endpoint on {}: {e}", config.listen.peer))?;
+        for p in &config.peers {
+            if let Ok(id) = RegionId::new(&config.trust_domain, &p.region) {
+                node.set_transport(&id, p.transport);
+            }
+        }
         let peer_addr = node.local_addr();
         let limits = conn::ConnLimits::of(&config);
         let shared = Arc::new(Shared {

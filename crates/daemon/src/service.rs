@@ -190,7 +190,12 @@ impl Migration for MigrationService {
                 let f = self.shared.links.figures(&region)?;
                 let id = kvferry_peer::RegionId::new(&self.shared.config.trust_domain, &region).ok()?;
                 let connected = self.shared.node.rtt_to(&id).is_some();
-                let l = link_state(&region, &f, connected);
+                let mut l = link_state(&region, &f, connected);
+                if let Some(p) = self.shared.links.peer(&region) {
+                    l.transport_setting = p.transport.name().into();
+                }
+                l.transport =
+                    self.shared.node.link_to(&id).map(|i| i.transport.name().into()).unwrap_or_default();
                 Some(match self.shared.calib.fetch_estimate(&region, f.rtt_s) {
                     Some(e) => with_calibration(l, &e),
                     None => l,

@@ -526,6 +526,7 @@ async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
         rtt_ms: 1.0,
         max_egress_gbps: cap,
         tenants: None,
+        transport: Default::default(),
     };
     // B's peer address is only known once A runs, and A's allow-list needs B's: start B once
     // for its address... both listen on fixed free ports instead.

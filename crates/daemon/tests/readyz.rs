@@ -18,7 +18,15 @@ fn config(dir: &std::path::Path, region: &str, peers: Vec<Peer>) -> Config {
 }
 
 fn peer(region: &str, addr: SocketAddr) -> Peer {
-    Peer { region: region.into(), addr, gbps: 1.0, rtt_ms: 1.0, max_egress_gbps: 0.0, tenants: None }
+    Peer {
+        region: region.into(),
+        addr,
+        gbps: 1.0,
+        rtt_ms: 1.0,
+        max_egress_gbps: 0.0,
+        transport: Default::default(),
+        tenants: None,
+    }
 }
 
 /// GET `path`: (status code, body).

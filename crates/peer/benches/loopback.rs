@@ -25,11 +25,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use kvferry_peer::{
-    BlockCatalog, BoxFut, ChunkBytes, ChunkSink, ChunkSource, Congestion, DevPki, FetchSpec, LinkTuning,
-    PeerConfig, PeerNode, RegionId, Served, TlsIdentity, TrustPolicy,
+    BoxFut, ChunkSink, Congestion, DevPki, FetchSpec, FlatChunks, LinkTuning, PeerConfig, PeerNode, RegionId,
+    TlsIdentity, TrustPolicy, flat_span,
 };
 use kvferry_wire::ChunkSpec;
-use kvferry_wire::frame::{FetchRequest, RefusalCode};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 const TD: &str = "kvferry.bench";
@@ -74,13 +73,6 @@ fn tuning(name: &str) -> LinkTuning {
     }
 }
 
-/// Byte offset of a chunk in the transfer's flat buffer (chunks tile it contiguously: either
-/// whole layers of every block, or a run of blocks of one layer).
-fn offset(spec: &ChunkSpec, blocks: u32) -> usize {
-    let l = u64::from(spec.layers.1 - spec.layers.0);
-    (u64::from(spec.layers.0) * u64::from(blocks) * BPBL + u64::from(spec.blocks.0) * l * BPBL) as usize
-}
-
 fn pattern(len: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut v = vec![0u8; len];
@@ -95,45 +87,6 @@ fn pattern(len: usize) -> Vec<u8> {
 }
 
 // ---------------------------------------------------------------- owner (child process)
-
-struct Slice {
-    buf: Arc<Vec<u8>>,
-    at: usize,
-    len: usize,
-}
-
-impl AsRef<[u8]> for Slice {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf[self.at..self.at + self.len]
-    }
-}
-
-struct MemSource {
-    buf: Arc<Vec<u8>>,
-    blocks: u32,
-}
-
-impl ChunkSource for MemSource {
-    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, kvferry_peer::ChunkError>> {
-        let at = offset(&spec, self.blocks);
-        let s = Slice { buf: self.buf.clone(), at, len: spec.len as usize };
-        Box::pin(async move { Ok(Box::new(s) as ChunkBytes) })
-    }
-}
-
-struct AnyCatalog(Arc<MemSource>);
-
-impl BlockCatalog for AnyCatalog {
-    fn open(&self, _peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)> {
-        Ok(Served {
-            blocks_held: (req.block_hashes.len() as u32).min(self.0.blocks),
-            layers: LAYERS,
-            bytes_per_block_layer: BPBL,
-            source: self.0.clone(),
-            egress_cap_bps: 0,
-        })
-    }
-}
 
 fn identity_from_env(region: &str) -> (TlsIdentity, TrustPolicy) {
     let var = |k: &str| unhex(&std::env::var(k).unwrap_or_default());
@@ -154,10 +107,12 @@ fn owner_main() {
     let blocks: u32 = env_or("KVFERRY_BENCH_BLOCKS", 256);
     let name = std::env::var(OWNER_ENV).unwrap_or_default();
     let (identity, policy) = identity_from_env("src");
-    let source = Arc::new(MemSource {
-        buf: Arc::new(pattern(blocks as usize * LAYERS as usize * BPBL as usize)),
+    let source = Arc::new(FlatChunks::new(
+        Arc::new(pattern(blocks as usize * LAYERS as usize * BPBL as usize)),
         blocks,
-    });
+        LAYERS,
+        BPBL,
+    ));
     let cfg = PeerConfig {
         identity,
         policy,
@@ -166,8 +121,11 @@ fn owner_main() {
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
         fetch: kvferry_peer::FetchPolicy::default(),
+        transport: kvferry_peer::TransportChoice::Quic,
+        tcp_listen: None,
+        auto_fallback: std::time::Duration::from_millis(1500),
     };
-    let node = rt.block_on(async { PeerNode::start(cfg, Arc::new(AnyCatalog(source))) }).expect("start");
+    let node = rt.block_on(async { PeerNode::start(cfg, source) }).expect("start");
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "ADDR {}", node.local_addr());
     let _ = out.flush();
@@ -320,7 +278,7 @@ impl ChunkSink for MemSink {
         payload: &'a [u8],
     ) -> BoxFut<'a, Result<(), kvferry_peer::ChunkError>> {
         Box::pin(async move {
-            let at = offset(&spec, self.blocks);
+            let at = flat_span(&spec, self.blocks, BPBL).start;
             let mut buf = self.buf.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             buf.get_mut(at..at + payload.len())
                 .ok_or_else(|| kvferry_peer::ChunkError::Mismatch {
@@ -417,8 +375,11 @@ fn run_config(rt: &tokio::runtime::Runtime, pki: &DevPki, config: &str, bytes: u
         staging_bytes: 256 << 20,
         chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
         fetch: kvferry_peer::FetchPolicy::default(),
+        transport: kvferry_peer::TransportChoice::Quic,
+        tcp_listen: None,
+        auto_fallback: std::time::Duration::from_millis(1500),
     };
-    let catalog = Arc::new(AnyCatalog(Arc::new(MemSource { buf: Arc::new(Vec::new()), blocks: 0 })));
+    let catalog = Arc::new(FlatChunks::new(Arc::new(Vec::new()), 0, LAYERS, BPBL));
     let node = rt.block_on(async { PeerNode::start(cfg, catalog) }).expect("start requester");
     // Non-zero fill: every page is touched now, not during the first measured run.
     let sink = Arc::new(MemSink { buf: Mutex::new(vec![0xEEu8; total as usize]), blocks });

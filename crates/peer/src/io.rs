@@ -1,13 +1,15 @@
-//! Reading and writing protocol frames on QUIC streams, and the sources and sinks of chunk
-//! bytes that the transfer driver moves between pools and streams.
+//! Reading and writing protocol frames on a link's channels (QUIC streams or TLS-over-TCP
+//! connections, see [`crate::link`]), and the sources and sinks of chunk bytes that the
+//! transfer driver moves between pools and channels.
 
 use std::future::Future;
 use std::pin::Pin;
 
 use kvferry_wire::frame::{self, Frame, PREFIX_LEN};
 use kvferry_wire::{Cause, ChunkSpec, LocalError, WireError};
-use quinn::{ReadExactError, RecvStream, SendStream};
 use tokio::sync::mpsc;
+
+use crate::link::{ReadEnd, RecvHalf, SendHalf};
 
 /// A boxed, sendable future.
 pub type BoxFut<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -107,12 +109,12 @@ pub(crate) fn write_err(e: quinn::WriteError) -> WireError {
 }
 
 /// Reads one frame; `Ok(None)` when the stream ended cleanly at a frame boundary.
-pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, WireError> {
+pub(crate) async fn read_frame(recv: &mut RecvHalf) -> Result<Option<Frame>, WireError> {
     let mut prefix = [0u8; PREFIX_LEN];
     match recv.read_exact(&mut prefix).await {
         Ok(()) => {}
-        Err(ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(e) => return Err(read_err(e)),
+        Err(ReadEnd::Finished(0)) => return Ok(None),
+        Err(e) => return Err(read_end(e)),
     }
     // Validate the prefix (magic, version, type, size limit) before allocating the body.
     if let Err(e) = frame::decode(&prefix) {
@@ -121,17 +123,25 @@ pub(crate) async fn read_frame(recv: &mut RecvStream) -> Result<Option<Frame>, W
     let len = u32::from_le_bytes([prefix[4], prefix[5], prefix[6], prefix[7]]) as usize;
     let mut buf = vec![0u8; PREFIX_LEN + len];
     buf[..PREFIX_LEN].copy_from_slice(&prefix);
-    recv.read_exact(&mut buf[PREFIX_LEN..]).await.map_err(read_err)?;
+    recv.read_exact(&mut buf[PREFIX_LEN..]).await.map_err(read_end)?;
     match frame::decode(&buf)? {
         Some((f, _)) => Ok(Some(f)),
         None => Err(WireError::Protocol("frame shorter than its length".into())),
     }
 }
 
+/// A read that stopped short, as an error: a channel that ended inside a frame or a payload.
+pub(crate) fn read_end(e: ReadEnd) -> WireError {
+    match e {
+        ReadEnd::Finished(n) => WireError::Connection(format!("channel ended after {n} bytes of a read")),
+        ReadEnd::Failed(e) => e,
+    }
+}
+
 /// Writes one frame.
-pub(crate) async fn write_frame(send: &mut SendStream, f: &Frame) -> Result<(), WireError> {
+pub(crate) async fn write_frame(send: &mut SendHalf, f: &Frame) -> Result<(), WireError> {
     let bytes = frame::encode_to_vec(f);
-    send.write_all(&bytes).await.map_err(write_err)
+    send.write_all(&bytes).await
 }
 
 /// Aborts its tasks when dropped (a driver that returns early leaves no reader behind).
@@ -146,7 +156,7 @@ impl Drop for AbortOnDrop {
 }
 
 /// Forwards a request's control frames to its driver until the stream ends or fails.
-pub(crate) async fn control_reader(mut recv: RecvStream, tx: mpsc::Sender<Result<Frame, WireError>>) {
+pub(crate) async fn control_reader(mut recv: RecvHalf, tx: mpsc::Sender<Result<Frame, WireError>>) {
     loop {
         let item = match read_frame(&mut recv).await {
             Ok(Some(f)) => Ok(f),

@@ -1,8 +1,9 @@
-//! kvferry-peer: QUIC endpoints with mutual TLS between regions, the transfer driver over the
+//! kvferry-peer: QUIC (and TLS-over-TCP) endpoints with mutual TLS between regions, the transfer driver over the
 //! sans-IO cores of `kvferry-wire`, and transport tuning for long fat pipes.
 
 mod budget;
 pub mod io;
+mod link;
 pub mod node;
 mod owner;
 pub mod pool_io;
@@ -10,12 +11,14 @@ pub mod probe;
 pub mod query;
 mod requester;
 mod router;
+mod tcp;
 pub mod tls;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};
+pub use link::{LinkInfo, Transport, TransportChoice};
 pub use node::{BlockCatalog, Credentials, FetchPolicy, PeerConfig, PeerNode, Rotation, Served};
-pub use pool_io::PoolChunks;
+pub use pool_io::{FlatChunks, PoolChunks, flat_span};
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;
 pub use requester::{FetchReceipt, FetchSpec};

@@ -7,7 +7,9 @@
 //! - `requester.rs`: the requester driver (`fetch`) around `kvferry_wire::Requester`;
 //! - `owner.rs`: the owner driver (`start`, the accept loop, serving a transfer) around
 //!   `kvferry_wire::Owner`;
-//! - `query.rs` and `probe.rs`: `Query` and `Probe` on a cached connection.
+//! - `query.rs` and `probe.rs`: `Query` and `Probe` on a cached connection;
+//! - `link.rs`: the transport abstraction both drivers run on, and the choice of transport per
+//!   peer (QUIC, TCP, or QUIC with a fallback to TCP); `tcp.rs`: the TCP + TLS transport.
 //!
 //! This module depends on none of them but the budget and the router (the state it holds), so
 //! the drivers depend on the node and not the other way round.
@@ -17,7 +19,9 @@
 //! connection already open keeps running (its transfers finish) unless its peer's chain no
 //! longer verifies against the new bundle: then it is *retired* — taken out of the connection
 //! cache so that nothing new starts on it, and closed once no transfer, query or probe uses it
-//! (counted per connection by [`PeerNode::in_use`]).
+//! (counted per connection by [`PeerNode::in_use`]). TCP sessions live as long as their job:
+//! a reload counts the open ones as kept or retired the same way, and a retired one simply
+//! ends with its job.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,6 +39,7 @@ use rustls::pki_types::{CertificateDer, UnixTime};
 
 use crate::budget::Budget;
 use crate::io::{ChunkSource, conn_err, from_conn_error};
+use crate::link::{Link, LinkId, LinkInfo, TransportChoice};
 use crate::router::{StreamRouter, route_streams};
 use crate::tls::{
     IdentityError, PeerSide, RegionId, TlsIdentity, TrustPolicy, chain_still_trusted, check_identity,
@@ -123,6 +128,12 @@ pub struct PeerConfig {
     pub chunk_target_bytes: u32,
     /// Fault tolerance of fetches.
     pub fetch: FetchPolicy,
+    /// The transport toward peers without their own choice ([`PeerNode::set_transport`]).
+    pub transport: TransportChoice,
+    /// Where TCP listens; `None`: the QUIC address's IP and port number (TCP, not UDP).
+    pub tcp_listen: Option<SocketAddr>,
+    /// Under `auto`: how long the QUIC handshake may take before TCP is tried instead.
+    pub auto_fallback: Duration,
 }
 
 /// A region's peer endpoint.
@@ -143,20 +154,28 @@ pub struct PeerNode {
     pub(crate) verify_failures: AtomicU64,
     /// Identity and roots for new handshakes.
     pub(crate) creds: Mutex<Arc<Credentials>>,
-    /// Jobs using each connection now (by `stable_id`).
-    pub(crate) uses: Mutex<HashMap<usize, u32>>,
+    /// Jobs using each link now.
+    pub(crate) uses: Mutex<HashMap<LinkId, u32>>,
     /// Connections retired by a reload, with when; closed once idle.
     pub(crate) retiring: Mutex<Vec<(Connection, Instant)>>,
     /// Whether the task closing retired connections runs.
     pub(crate) reaping: AtomicBool,
     /// Successful reloads so far.
     pub(crate) reloads: AtomicU64,
+    /// The TCP transport's listener, live sessions and rendezvous.
+    pub(crate) tcp: crate::tcp::TcpState,
+    /// Transport per peer, where it differs from the configured default.
+    pub(crate) choices: Mutex<HashMap<RegionId, TransportChoice>>,
+    /// Peers under `auto` whose QUIC handshake timed out, with when (TCP is used for a while).
+    pub(crate) fallen_back: Mutex<HashMap<RegionId, Instant>>,
+    /// What carried the last job to each peer, its RTT then, and when.
+    pub(crate) last_link: Mutex<HashMap<RegionId, (LinkInfo, Duration, Instant)>>,
 }
 
 /// Marks a connection in use by one job until dropped.
 pub(crate) struct InUse<'a> {
     node: &'a PeerNode,
-    id: usize,
+    id: LinkId,
 }
 
 impl Drop for InUse<'_> {
@@ -184,8 +203,8 @@ impl std::fmt::Debug for PeerNode {
 impl PeerNode {
     /// Marks `conn` in use by the caller's job (a transfer, served or fetched, a query, a probe)
     /// until the guard drops: a retired connection is closed only when no job uses it.
-    pub(crate) fn in_use(&self, conn: &Connection) -> InUse<'_> {
-        let id = conn.stable_id();
+    pub(crate) fn in_use(&self, link: &Link) -> InUse<'_> {
+        let id = link.id();
         *self.uses.locked().entry(id).or_insert(0) += 1;
         InUse { node: self, id }
     }
@@ -203,6 +222,7 @@ impl PeerNode {
     /// Connections retired by a reload and not closed yet (still in use, or in their grace).
     pub fn retiring_connections(&self) -> usize {
         self.retiring.locked().iter().filter(|(c, _)| c.close_reason().is_none()).count()
+            + self.tcp.retiring()
     }
 
     /// Replaces this node's identity and CA bundle without a restart (certificate rotation).
@@ -253,7 +273,9 @@ impl PeerNode {
                 false
             }
         });
-        rotation.retired = retired.len();
+        let (tcp_kept, tcp_retired) = self.tcp.rotate(&roots);
+        rotation.kept += tcp_kept;
+        rotation.retired = retired.len() + tcp_retired;
         if !retired.is_empty() {
             let at = Instant::now();
             self.retiring.locked().extend(retired.into_iter().map(|c| (c, at)));
@@ -287,6 +309,21 @@ impl PeerNode {
         self.endpoint.local_addr().unwrap_or(self.cfg.listen)
     }
 
+    /// The address TCP listens on.
+    pub fn tcp_local_addr(&self) -> SocketAddr {
+        self.tcp.local
+    }
+
+    /// Sets the transport toward `peer` (the configured default otherwise).
+    pub fn set_transport(&self, peer: &RegionId, choice: TransportChoice) {
+        self.choices.locked().insert(peer.clone(), choice);
+    }
+
+    /// What carried the last job to `peer` (none yet: `None`).
+    pub fn link_to(&self, peer: &RegionId) -> Option<LinkInfo> {
+        self.last_link.locked().get(peer).map(|(l, _, _)| l.clone())
+    }
+
     /// This region's identity.
     pub fn id(&self) -> &RegionId {
         &self.cfg.identity.id
@@ -317,6 +354,7 @@ impl PeerNode {
         } {
             c.close(VarInt::from_u32(1), b"closed by operator");
         }
+        self.tcp.close_all();
     }
 
     /// Statistics of every live connection, outgoing (cached per peer) and incoming, for
@@ -333,8 +371,17 @@ impl PeerNode {
     }
 
     /// Current RTT to `peer`, if connected.
+    /// (TCP: the RTT of the last job, while it is fresher than the idle timeout.)
     pub fn rtt_to(&self, peer: &RegionId) -> Option<Duration> {
-        self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
+        if let Some(rtt) =
+            self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
+        {
+            return Some(rtt);
+        }
+        let last = self.last_link.locked();
+        let (l, rtt, at) = last.get(peer)?;
+        (l.transport == crate::link::Transport::Tcp && at.elapsed() < self.cfg.tuning.idle_timeout)
+            .then_some(*rtt)
     }
 
     /// Connects to `peer` (or reuses the cached connection).
@@ -377,7 +424,7 @@ async fn reap_retired(node: Arc<PeerNode>) {
                 if c.close_reason().is_some() {
                     return false;
                 }
-                if at.elapsed() >= RETIRE_GRACE && !uses.contains_key(&c.stable_id()) {
+                if at.elapsed() >= RETIRE_GRACE && !uses.contains_key(&LinkId::Quic(c.stable_id())) {
                     idle.push(c.clone());
                     return false;
                 }

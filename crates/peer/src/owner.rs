@@ -1,9 +1,12 @@
 //! The owner driver: `PeerNode::start` binds the endpoint and accepts peers; each request on a
 //! connection is served by one `kvferry_wire::Owner` core: a producer reads chunk i+1 from the
 //! [`ChunkSource`] (within the serving staging budget) while writer tasks send chunk i on
-//! several unidirectional streams; control frames (retransmit, complete) arrive on the
-//! request's bidirectional stream. A `Query` is answered with the manifest and this endpoint's
-//! load, a `Probe` by [`crate::probe`]; no KV byte is read for either.
+//! several data channels; control frames (retransmit, complete) arrive on the request's
+//! control channel. The same code serves both transports ([`crate::link`]): QUIC (control = a
+//! bidirectional stream, data = unidirectional streams this side opens) and TCP (control and
+//! data = the TLS connections of one session, [`crate::tcp`]). A `Query` is answered with the
+//! manifest and this endpoint's load, a `Probe` by [`crate::probe`]; no KV byte is read for
+//! either.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -13,9 +16,11 @@ use bytes::Bytes;
 use kvferry_wire::frame::{Cancel, Frame, Refusal};
 use kvferry_wire::{LocalError, Owner, WireError, Work};
 use quinn::crypto::rustls::QuicServerConfig;
-use quinn::{Connection, Endpoint, EndpointConfig, RecvStream, SendStream, TokioRuntime, VarInt};
+use quinn::{Connection, Endpoint, EndpointConfig, TokioRuntime, VarInt};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
+
+use crate::link::{Link, RecvHalf, SendHalf};
 
 use crate::budget::{Budget, Leased};
 use crate::io::{AbortOnDrop, control_reader, read_frame, write_frame};
@@ -42,10 +47,13 @@ impl PeerNode {
     pub fn start(cfg: PeerConfig, catalog: Arc<dyn BlockCatalog>) -> Result<Arc<Self>, WireError> {
         let server = quic_server_config(&cfg.identity, &cfg.policy, &cfg.tuning)
             .map_err(|e| LocalError::Setup(e.to_string()))?;
-        let (socket, _, _) = bind_udp(cfg.listen, cfg.tuning.socket_buffer_bytes)
-            .map_err(|e| LocalError::Setup(e.to_string()))?;
+        let (socket, listener) =
+            bind_both(&cfg).map_err(|e| LocalError::Setup(format!("peer sockets on {}: {e}", cfg.listen)))?;
         let endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, Arc::new(TokioRuntime))
             .map_err(|e| LocalError::Setup(e.to_string()))?;
+        let tcp_local = listener.local_addr().map_err(|e| LocalError::Setup(e.to_string()))?;
+        let tcp =
+            crate::tcp::TcpState::new(tcp_local, crate::tcp::first_acceptor(&cfg.identity, &cfg.policy)?);
         let creds = Arc::new(Credentials { identity: cfg.identity.clone(), roots: cfg.policy.roots.clone() });
         let node = Arc::new(Self {
             endpoint,
@@ -63,10 +71,43 @@ impl PeerNode {
             routers: Mutex::new(HashMap::new()),
             serving: AtomicU32::new(0),
             verify_failures: AtomicU64::new(0),
+            tcp,
+            choices: Mutex::new(HashMap::new()),
+            fallen_back: Mutex::new(HashMap::new()),
+            last_link: Mutex::new(HashMap::new()),
         });
         tokio::spawn(accept_loop(node.clone()));
+        tokio::spawn(crate::tcp::accept_loop(node.clone(), listener));
         Ok(node)
     }
+}
+
+/// Binds QUIC's UDP socket and TCP's listener. TCP listens on the QUIC port number unless
+/// `tcp_listen` says otherwise; with an ephemeral QUIC port (port 0) a free TCP port is taken
+/// first and UDP bound to the same number (TCP ports are the scarcer: every dialled TCP
+/// connection holds one), retried a few times when that UDP port is taken.
+fn bind_both(cfg: &PeerConfig) -> std::io::Result<(std::net::UdpSocket, tokio::net::TcpListener)> {
+    let buffers = cfg.tuning.socket_buffer_bytes;
+    if let Some(tcp) = cfg.tcp_listen {
+        let (udp, _, _) = bind_udp(cfg.listen, buffers)?;
+        return Ok((udp, crate::tcp::bind_listener(tcp, &cfg.tuning)?));
+    }
+    if cfg.listen.port() != 0 {
+        let (udp, _, _) = bind_udp(cfg.listen, buffers)?;
+        return Ok((udp, crate::tcp::bind_listener(cfg.listen, &cfg.tuning)?));
+    }
+    let mut last = None;
+    for _ in 0..16 {
+        let tcp = crate::tcp::bind_listener(cfg.listen, &cfg.tuning)?;
+        let mut at = cfg.listen;
+        at.set_port(tcp.local_addr()?.port());
+        match bind_udp(at, buffers) {
+            Ok((udp, _, _)) => return Ok((udp, tcp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::from(std::io::ErrorKind::AddrInUse)))
 }
 
 struct ServingGuard<'a>(&'a AtomicU32);
@@ -106,11 +147,12 @@ async fn accept_loop(node: Arc<PeerNode>) {
             }
             while let Ok((send, recv)) = conn.accept_bi().await {
                 let node = node.clone();
-                let conn = conn.clone();
+                let link = Link::Quic(conn.clone());
                 let peer = peer.clone();
                 tokio::spawn(async move {
-                    let _in_use = node.in_use(&conn);
-                    if let Err(e) = serve_transfer(&node, &conn, &peer, send, recv).await {
+                    let _in_use = node.in_use(&link);
+                    let (send, recv) = (SendHalf::Quic(send), RecvHalf::Quic(recv));
+                    if let Err(e) = serve_transfer(&node, &link, &peer, send, recv).await {
                         tracing::info!(peer = %peer, error = %e, "serving a transfer ended with an error");
                     }
                 });
@@ -119,17 +161,23 @@ async fn accept_loop(node: Arc<PeerNode>) {
     }
 }
 
-async fn serve_transfer(
+pub(crate) async fn serve_transfer(
     node: &PeerNode,
-    conn: &Connection,
+    link: &Link,
     peer: &RegionId,
-    mut ctl_send: SendStream,
-    mut ctl_recv: RecvStream,
+    mut ctl_send: SendHalf,
+    mut ctl_recv: RecvHalf,
 ) -> Result<(), WireError> {
     let (req, query_only) = match read_frame(&mut ctl_recv).await? {
         Some(Frame::Request(r)) => (r, false),
         Some(Frame::Query(r)) => (r, true),
-        Some(Frame::Probe(p)) => return crate::probe::serve_probe(ctl_send, p).await,
+        Some(Frame::Probe(p)) => {
+            let r = crate::probe::serve_probe(ctl_send, p).await;
+            ctl_recv.linger().await;
+            return r;
+        }
+        // A channel closed without a job (a readiness handshake).
+        None => return Ok(()),
         other => return Err(WireError::Protocol(format!("expected a request, got {other:?}"))),
     };
     let refuse =
@@ -138,7 +186,8 @@ async fn serve_transfer(
         Ok(s) => s,
         Err((code, detail)) => {
             write_frame(&mut ctl_send, &refuse(code, detail)).await?;
-            let _ = ctl_send.finish();
+            ctl_send.finish().await;
+            ctl_recv.linger().await;
             return Ok(());
         }
     };
@@ -147,7 +196,8 @@ async fn serve_transfer(
             Ok(x) => x,
             Err(r) => {
                 write_frame(&mut ctl_send, &Frame::Refusal(r)).await?;
-                let _ = ctl_send.finish();
+                ctl_send.finish().await;
+                ctl_recv.linger().await;
                 return Ok(());
             }
         };
@@ -160,22 +210,23 @@ async fn serve_transfer(
             ..node.load_report(req.transfer_id)
         };
         kvferry_wire::frame::encode(&Frame::Load(load), &mut both);
-        ctl_send.write_all(&both).await.map_err(crate::io::write_err)?;
-        let _ = ctl_send.finish();
+        ctl_send.write_all(&both).await?;
+        ctl_send.finish().await;
+        ctl_recv.linger().await;
         return Ok(());
     }
     write_frame(&mut ctl_send, &Frame::Manifest(manifest)).await?;
     node.serving.fetch_add(1, Ordering::Relaxed);
     let _serving = ServingGuard(&node.serving);
 
-    // Writers: one unidirectional stream each, fed round-robin.
-    let streams = node.cfg.tuning.streams.max(1) as usize;
+    // Writers: one data channel each, fed round-robin.
+    let (opener, streams) = DataOpener::of(node, link, peer)?;
     let mut writers = Vec::with_capacity(streams);
     let mut writer_tasks = Vec::with_capacity(streams);
     for _ in 0..streams {
         let (tx, rx) = mpsc::channel::<(kvferry_wire::ChunkHeader, Bytes)>(2);
         writers.push(tx);
-        writer_tasks.push(tokio::spawn(chunk_writer(conn.clone(), rx)));
+        writer_tasks.push(tokio::spawn(chunk_writer(opener.clone(), rx)));
     }
     let (ctl_tx, mut ctl_rx) = mpsc::channel::<Result<Frame, WireError>>(16);
     let reader = tokio::spawn(control_reader(ctl_recv, ctl_tx));
@@ -232,7 +283,7 @@ async fn serve_transfer(
         )
         .await;
     }
-    let _ = ctl_send.finish();
+    ctl_send.finish().await;
     result
 }
 
@@ -255,13 +306,64 @@ fn handle_owner_control(owner: &mut Owner, msg: Result<Frame, WireError>) -> Res
     }
 }
 
-async fn chunk_writer(conn: Connection, mut rx: mpsc::Receiver<(kvferry_wire::ChunkHeader, Bytes)>) {
-    let mut stream: Option<SendStream> = None;
+/// Where a transfer's writers get their data channels.
+#[derive(Clone)]
+enum DataOpener {
+    /// QUIC: each writer opens a unidirectional stream.
+    Quic(Connection),
+    /// TCP: each writer takes one of the data connections the requester dialled.
+    Tcp(Arc<tokio::sync::Mutex<mpsc::Receiver<crate::tcp::Attached>>>, Arc<crate::tcp::Session>),
+}
+
+impl DataOpener {
+    /// The opener for `link`'s transfer and how many writers it feeds.
+    fn of(node: &PeerNode, link: &Link, peer: &RegionId) -> Result<(Self, usize), WireError> {
+        match link {
+            Link::Quic(c) => Ok((Self::Quic(c.clone()), node.cfg.tuning.streams.max(1) as usize)),
+            Link::Tcp(s) => {
+                let rx =
+                    node.tcp.rendezvous.take(s.session, peer).ok_or_else(|| {
+                        WireError::Protocol("the session's data connections are taken".into())
+                    })?;
+                if s.data_channels == 0 {
+                    return Err(WireError::Protocol("a fetch session without data connections".into()));
+                }
+                Ok((Self::Tcp(Arc::new(tokio::sync::Mutex::new(rx)), s.clone()), s.data_channels as usize))
+            }
+        }
+    }
+
+    async fn open(&self) -> Result<SendHalf, WireError> {
+        match self {
+            Self::Quic(c) => {
+                c.open_uni().await.map(SendHalf::Quic).map_err(|e| crate::io::from_conn_error(&e))
+            }
+            Self::Tcp(rx, session) => {
+                let next = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+                    rx.lock().await.recv().await
+                });
+                match next.await {
+                    Ok(Some((tls, socket))) => {
+                        session.add_socket(socket);
+                        Ok(SendHalf::Tcp(tokio::io::split(tls).1))
+                    }
+                    _ => Err(WireError::Connection("a data connection never arrived".into())),
+                }
+            }
+        }
+    }
+}
+
+async fn chunk_writer(opener: DataOpener, mut rx: mpsc::Receiver<(kvferry_wire::ChunkHeader, Bytes)>) {
+    let mut stream: Option<SendHalf> = None;
     while let Some((h, payload)) = rx.recv().await {
         if stream.is_none() {
-            match conn.open_uni().await {
+            match opener.open().await {
                 Ok(s) => stream = Some(s),
-                Err(_) => return,
+                Err(e) => {
+                    tracing::info!(error = %e, "no data channel for a chunk writer");
+                    return;
+                }
             }
         }
         let Some(s) = stream.as_mut() else { return };
@@ -270,6 +372,6 @@ async fn chunk_writer(conn: Connection, mut rx: mpsc::Receiver<(kvferry_wire::Ch
         }
     }
     if let Some(mut s) = stream {
-        let _ = s.finish();
+        s.finish().await;
     }
 }

@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kvferry_wire::WireError;
 use kvferry_wire::frame::{Frame, Probe, Refusal, RefusalCode};
-use quinn::{RecvStream, SendStream};
 
-use crate::io::{from_conn_error, read_frame, write_err, write_frame};
+use crate::link::{RecvHalf, SendHalf};
+
+use crate::io::{read_frame, write_frame};
 use crate::node::PeerNode;
 use crate::tls::RegionId;
 
@@ -56,13 +57,13 @@ impl PeerNode {
         deadline: Instant,
     ) -> Result<ProbeReceipt, WireError> {
         let run = async {
-            let conn = self.connect(peer, addr).await?;
+            let conn = self.link(peer, addr, 0).await?;
             let _in_use = self.in_use(&conn);
             let t0 = Instant::now();
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
+            let (mut send, mut recv) = conn.open_control().await?;
             let transfer_id: u128 = rand::random();
             write_frame(&mut send, &Frame::Probe(Probe { transfer_id, bytes })).await?;
-            let _ = send.finish();
+            send.finish().await;
             match read_frame(&mut recv).await? {
                 Some(Frame::Probe(p)) if p.transfer_id == transfer_id && p.bytes == bytes => {}
                 Some(Frame::Refusal(r)) => {
@@ -75,6 +76,7 @@ impl PeerNode {
                 return Err(WireError::Protocol(format!("probe answered {got} of {bytes} bytes")));
             }
             let wall = t0.elapsed();
+            self.record_link(peer, &conn);
             Ok(ProbeReceipt {
                 bytes,
                 wall,
@@ -88,21 +90,20 @@ impl PeerNode {
 
 /// Reads and discards the stream to its end; returns the bytes seen (at most `expect + 1`, so
 /// an over-long answer is noticed without reading it all).
-async fn drain(recv: &mut RecvStream, expect: u64) -> Result<u64, WireError> {
+async fn drain(recv: &mut RecvHalf, expect: u64) -> Result<u64, WireError> {
     let mut got = 0u64;
+    let mut buf = vec![0u8; 256 << 10];
     while got <= expect {
-        match recv.read_chunk(1 << 20, true).await {
-            Ok(Some(c)) => got += c.bytes.len() as u64,
-            Ok(None) => break,
-            Err(quinn::ReadError::ConnectionLost(e)) => return Err(from_conn_error(&e)),
-            Err(e) => return Err(WireError::Connection(e.to_string())),
+        match recv.read_some(&mut buf).await? {
+            0 => break,
+            n => got += n as u64,
         }
     }
     Ok(got)
 }
 
 /// Owner side: answers one probe on the stream it arrived on.
-pub(crate) async fn serve_probe(mut send: SendStream, p: Probe) -> Result<(), WireError> {
+pub(crate) async fn serve_probe(mut send: SendHalf, p: Probe) -> Result<(), WireError> {
     if p.bytes > MAX_PROBE_BYTES {
         let refusal = Refusal {
             transfer_id: p.transfer_id,
@@ -110,16 +111,16 @@ pub(crate) async fn serve_probe(mut send: SendStream, p: Probe) -> Result<(), Wi
             detail: format!("probe of {} bytes exceeds the {MAX_PROBE_BYTES}-byte cap", p.bytes),
         };
         write_frame(&mut send, &Frame::Refusal(refusal)).await?;
-        let _ = send.finish();
+        send.finish().await;
         return Ok(());
     }
     write_frame(&mut send, &Frame::Probe(p)).await?;
     let mut left = p.bytes;
     while left > 0 {
         let n = left.min(ZEROS.len() as u64) as usize;
-        send.write_chunk(Bytes::from_static(&ZEROS[..n])).await.map_err(write_err)?;
+        send.write_chunk(Bytes::from_static(&ZEROS[..n])).await?;
         left -= n as u64;
     }
-    let _ = send.finish();
+    send.finish().await;
     Ok(())
 }

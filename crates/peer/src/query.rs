@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use kvferry_wire::WireError;
 use kvferry_wire::frame::{FetchRequest, Frame, Manifest, RefusalCode};
 
-use crate::io::{from_conn_error, read_frame, write_frame};
+use crate::io::{read_frame, write_frame};
 use crate::node::PeerNode;
 use crate::tls::RegionId;
 
@@ -40,9 +40,9 @@ impl PeerNode {
         deadline: Instant,
     ) -> Result<Holdings, WireError> {
         let work = async {
-            let conn = self.connect(peer, addr).await?;
+            let conn = self.link(peer, addr, 0).await?;
             let _in_use = self.in_use(&conn);
-            let (mut send, mut recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
+            let (mut send, mut recv) = conn.open_control().await?;
             let t0 = Instant::now();
             let req = FetchRequest {
                 transfer_id: rand::random(),
@@ -53,9 +53,10 @@ impl PeerNode {
                 chunk_target_bytes: 0,
             };
             write_frame(&mut send, &Frame::Query(req)).await?;
-            let _ = send.finish();
+            send.finish().await;
             let answer = read_frame(&mut recv).await?;
             let rtt = t0.elapsed();
+            self.record_link(peer, &conn);
             match answer {
                 Some(Frame::Manifest(m)) => {
                     let load = match read_frame(&mut recv).await {

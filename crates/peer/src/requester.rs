@@ -1,6 +1,7 @@
 //! The requester driver: `PeerNode::fetch` runs one `kvferry_wire::Requester` core over a
-//! cached connection. Reader tasks (the connection's [`crate::router`]) pull chunks off the
-//! streams into staging; this task feeds them to the core, lands each verified chunk through
+//! link ([`crate::link`]: a cached QUIC connection or a TCP session). Reader tasks (the QUIC
+//! connection's [`crate::router`], or one per TCP data connection) pull chunks off the data
+//! channels into staging; this task feeds them to the core, lands each verified chunk through
 //! the [`ChunkSink`], sends what the core asks for, and wakes for the core's timer at
 //! [`Requester::poll_timeout`]. A lost connection resumes on a new one from the verified
 //! chunks, within the deadline.
@@ -15,11 +16,12 @@ use std::time::{Duration, Instant};
 
 use kvferry_wire::frame::{BlockHash, FetchRequest, Frame};
 use kvferry_wire::{ChunkVerdict, Requester, RequesterConfig, State, WireError};
-use quinn::{Connection, VarInt};
 use tokio::sync::mpsc;
 
-use crate::io::{AbortOnDrop, ChunkSink, control_reader, from_conn_error, write_frame};
+use crate::io::{AbortOnDrop, ChunkSink, control_reader, write_frame};
+use crate::link::{Link, LinkInfo};
 use crate::node::PeerNode;
+use crate::router::{ChunkItem, Route, read_chunks};
 use crate::tls::RegionId;
 use kvferry_pool::sync::LockExt;
 
@@ -53,6 +55,8 @@ pub struct FetchReceipt {
     pub reconnects: u32,
     /// Chunks that failed verification and were fetched again.
     pub chunks_refetched: u32,
+    /// What carried the (last connection of the) fetch.
+    pub link: LinkInfo,
 }
 
 impl PeerNode {
@@ -80,8 +84,9 @@ impl PeerNode {
         let mut request = core.request();
         loop {
             match self.run_fetch(peer, addr, &mut core, request, &sink, &mut stats).await {
-                Ok(conn) => {
+                Ok(link) => {
                     let wall = t0.elapsed();
+                    let info = self.record_link(peer, &link);
                     let bytes = core.verified_bytes();
                     return Ok(FetchReceipt {
                         blocks: core.valid_blocks(),
@@ -89,9 +94,10 @@ impl PeerNode {
                         wall,
                         first_layer: stats.first_layer,
                         goodput_bps: bytes as f64 * 8.0 / wall.as_secs_f64().max(1e-9),
-                        rtt: conn.rtt(),
+                        rtt: link.rtt(),
                         reconnects: stats.reconnects,
                         chunks_refetched: stats.refetched,
+                        link: info,
                     });
                 }
                 // Resume when the error says a retry can help and the core can go on (a refusal
@@ -118,25 +124,19 @@ impl PeerNode {
         request: FetchRequest,
         sink: &Arc<dyn ChunkSink>,
         stats: &mut RunStats,
-    ) -> Result<Connection, WireError> {
+    ) -> Result<Link, WireError> {
         let t0 = stats.t0;
         let remaining = stats.deadline.saturating_duration_since(Instant::now());
-        let conn = tokio::time::timeout(remaining, self.connect(peer, addr))
+        let conn = tokio::time::timeout(remaining, self.link(peer, addr, self.cfg.tuning.streams.max(1)))
             .await
             .map_err(|_| WireError::DeadlineExceeded)??;
         let _in_use = self.in_use(&conn);
-        let (mut ctl_send, ctl_recv) = conn.open_bi().await.map_err(|e| from_conn_error(&e))?;
+        let (mut ctl_send, ctl_recv) = conn.open_control().await?;
 
         let (ctl_tx, mut ctl_rx) = mpsc::channel::<Result<Frame, WireError>>(16);
         let ctl_task = tokio::spawn(control_reader(ctl_recv, ctl_tx));
-        let router = self
-            .routers
-            .locked()
-            .get(&conn.stable_id())
-            .cloned()
-            .ok_or_else(|| WireError::Connection("connection has no stream router".into()))?;
-        // Register before asking, so the first chunk always finds its transfer.
-        let (mut chunk_rx, _registration) = router.register(core.transfer_id());
+        // Route before asking, so the first chunk always finds its transfer.
+        let (mut chunk_rx, _route) = self.chunk_route(&conn, core.transfer_id())?;
         write_frame(&mut ctl_send, &Frame::Request(request)).await?;
         let _guard = AbortOnDrop(vec![ctl_task.abort_handle()]);
 
@@ -184,7 +184,7 @@ impl PeerNode {
                 _ = tokio::time::sleep_until((t0 + due).into()) => {
                     core.on_timer(ns_since(t0))?;
                     if core.stalled(ns_since(t0)) {
-                        conn.close(VarInt::from_u32(2), b"stalled");
+                        conn.close(b"stalled");
                         return Err(WireError::Connection("transfer stalled".into()));
                     }
                 }
@@ -193,11 +193,53 @@ impl PeerNode {
                 write_frame(&mut ctl_send, &f).await?;
             }
             if core.state() == State::Committed {
-                let _ = ctl_send.finish();
+                ctl_send.finish().await;
                 return Ok(conn);
             }
         }
     }
+
+    /// Where transfer `id`'s chunks arrive: QUIC: registered with the connection's router
+    /// (unregistered when the guard drops); TCP: one reader per data connection of the session
+    /// (aborted when the guard drops).
+    fn chunk_route(
+        &self,
+        link: &Link,
+        id: u128,
+    ) -> Result<(mpsc::Receiver<ChunkItem>, RouteGuard), WireError> {
+        match link {
+            Link::Quic(c) => {
+                let router = self
+                    .routers
+                    .locked()
+                    .get(&c.stable_id())
+                    .cloned()
+                    .ok_or_else(|| WireError::Connection("connection has no stream router".into()))?;
+                let (rx, reg) = router.register(id);
+                Ok((rx, RouteGuard::Quic(reg)))
+            }
+            Link::Tcp(s) => {
+                let (tx, rx) = mpsc::channel(8);
+                let readers = s
+                    .take_data()
+                    .into_iter()
+                    .map(|tls| {
+                        let recv = crate::link::RecvHalf::Tcp(tokio::io::split(tls).0);
+                        let route = Route::Only(id, tx.clone());
+                        tokio::spawn(read_chunks(recv, self.fetch_budget.clone(), route)).abort_handle()
+                    })
+                    .collect();
+                Ok((rx, RouteGuard::Tcp(AbortOnDrop(readers))))
+            }
+        }
+    }
+}
+
+/// Keeps a transfer's chunk route for as long as the fetch runs on the link.
+#[allow(dead_code)] // held for its drop
+enum RouteGuard {
+    Quic(crate::router::Registration),
+    Tcp(AbortOnDrop),
 }
 
 struct RunStats {

@@ -1,7 +1,9 @@
-//! Per-connection stream routing: every unidirectional chunk stream an outgoing connection
-//! accepts is read into staging (within the fetch budget) and handed to the transfer its first
-//! chunk names, so concurrent fetches over one cached connection never read each other's
-//! streams; a connection failure reaches every transfer on it.
+//! Per-connection stream routing: every unidirectional chunk stream an outgoing QUIC
+//! connection accepts is read into staging (within the fetch budget) and handed to the
+//! transfer its first chunk names, so concurrent fetches over one cached connection never read
+//! each other's streams; a connection failure reaches every transfer on it. A TCP session's
+//! data connections belong to one transfer: their readers ([`Route::Only`]) hand chunks of that
+//! transfer only.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -9,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use kvferry_wire::WireError;
 use kvferry_wire::frame::Frame;
 use kvferry_wire::plan::MAX_CHUNK;
-use quinn::{Connection, RecvStream, VarInt};
+use quinn::Connection;
 use tokio::sync::mpsc;
 
 use crate::budget::{Budget, Lease};
-use crate::io::{from_conn_error, read_err, read_frame};
+use crate::io::{from_conn_error, read_end, read_frame};
+use crate::link::RecvHalf;
 use kvferry_pool::sync::LockExt;
 
 pub(crate) type ChunkItem = Result<(kvferry_wire::ChunkHeader, Vec<u8>, Lease), WireError>;
@@ -62,7 +65,11 @@ pub(crate) async fn route_streams(conn: Connection, budget: Arc<Budget>, router:
     loop {
         match conn.accept_uni().await {
             Ok(recv) => {
-                tokio::spawn(read_chunks(recv, budget.clone(), router.clone()));
+                tokio::spawn(read_chunks(
+                    RecvHalf::Quic(recv),
+                    budget.clone(),
+                    Route::Router(router.clone()),
+                ));
             }
             Err(e) => {
                 router.fail_all(from_conn_error(&e)).await;
@@ -72,7 +79,25 @@ pub(crate) async fn route_streams(conn: Connection, budget: Arc<Budget>, router:
     }
 }
 
-async fn read_chunks(mut recv: RecvStream, budget: Arc<Budget>, router: Arc<StreamRouter>) {
+/// Where a chunk reader hands what it read.
+pub(crate) enum Route {
+    /// To the transfer its chunks name, among the connection's (QUIC).
+    Router(Arc<StreamRouter>),
+    /// To this transfer only (a TCP session's data connection).
+    Only(u128, mpsc::Sender<ChunkItem>),
+}
+
+impl Route {
+    fn get(&self, id: u128) -> Option<mpsc::Sender<ChunkItem>> {
+        match self {
+            Self::Router(r) => r.get(id),
+            Self::Only(mine, tx) => (*mine == id).then(|| tx.clone()),
+        }
+    }
+}
+
+/// Reads one data channel's chunks into staging and hands each to its transfer.
+pub(crate) async fn read_chunks(mut recv: RecvHalf, budget: Arc<Budget>, router: Route) {
     let mut last: Option<mpsc::Sender<ChunkItem>> = None;
     loop {
         let frame = read_frame(&mut recv).await;
@@ -81,7 +106,7 @@ async fn read_chunks(mut recv: RecvStream, budget: Arc<Budget>, router: Arc<Stre
                 Some(tx) => tx,
                 None => {
                     // A transfer that already ended (or never existed here): not ours to read.
-                    let _ = recv.stop(VarInt::from_u32(0));
+                    recv.stop();
                     return;
                 }
             },
@@ -101,7 +126,7 @@ async fn read_chunks(mut recv: RecvStream, budget: Arc<Budget>, router: Arc<Stre
                     let mut buf = vec![0u8; h.len as usize];
                     match recv.read_exact(&mut buf).await {
                         Ok(()) => Ok((h, buf, lease)),
-                        Err(e) => Err(read_err(e)),
+                        Err(e) => Err(read_end(e)),
                     }
                 }
                 Err(e) => Err(e),

@@ -164,7 +164,7 @@ pub fn bind_udp(addr: SocketAddr, buffer_bytes: usize) -> std::io::Result<(UdpSo
     Ok((s.into(), r, w))
 }
 
-fn force_buffer(s: &socket2::Socket, bytes: usize) {
+pub(crate) fn force_buffer(s: &socket2::Socket, bytes: usize) {
     use std::os::fd::AsRawFd;
     let v: libc::c_int = bytes.min(i32::MAX as usize / 2) as libc::c_int;
     for opt in [libc::SO_RCVBUFFORCE, libc::SO_SNDBUFFORCE] {

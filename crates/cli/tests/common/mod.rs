@@ -142,6 +142,7 @@ impl Cluster {
                         rtt_ms: 1.0,
                         max_egress_gbps: 0.0,
                         tenants: None,
+                        transport: Default::default(),
                     })
                     .collect(),
                 ..Config::default()

@@ -1,23 +1,44 @@
 //! The one loopback endpoint the peer crate's integration tests start: mutual TLS with a dev
-//! PKI, an allow-list, a 1 ms RTT hint and a 3 s idle timeout.
+//! PKI, an allow-list, a 1 ms RTT hint and a 3 s idle timeout; it listens on QUIC and TCP and
+//! dials peers over the transport a test asks for.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvferry_peer::{BlockCatalog, DevPki, LinkTuning, PeerConfig, PeerNode, TlsIdentity, TrustPolicy};
+use kvferry_peer::{
+    BlockCatalog, DevPki, LinkTuning, PeerConfig, PeerNode, TlsIdentity, TransportChoice, TrustPolicy,
+};
 
 /// The trust domain of every test identity.
 pub const TD: &str = "kvferry.test";
 
+/// How a test endpoint dials, and where its TCP side listens.
+#[derive(Debug, Clone, Copy)]
+pub struct Dial {
+    /// The transport toward peers.
+    pub transport: TransportChoice,
+    /// Where TCP listens (`None`: the QUIC port number).
+    pub tcp_listen: Option<std::net::SocketAddr>,
+}
+
+impl From<TransportChoice> for Dial {
+    fn from(transport: TransportChoice) -> Self {
+        Self { transport, tcp_listen: None }
+    }
+}
+
 /// Starts an endpoint on 127.0.0.1 (any port) with `identity`, trusting `pki`'s roots and
-/// admitting `allowed` regions, serving `catalog`, with `staging` bytes of staging per direction.
+/// admitting `allowed` regions, serving `catalog`, with `staging` bytes of staging per direction,
+/// dialling peers as `dial` says.
 pub fn node(
+    dial: impl Into<Dial>,
     identity: TlsIdentity,
     pki: &DevPki,
     allowed: &[&str],
     catalog: Arc<dyn BlockCatalog>,
     staging: usize,
 ) -> Arc<PeerNode> {
+    let Dial { transport, tcp_listen } = dial.into();
     let cfg = PeerConfig {
         identity,
         policy: TrustPolicy {
@@ -34,6 +55,28 @@ pub fn node(
         staging_bytes: staging,
         chunk_target_bytes: 4 << 20,
         fetch: kvferry_peer::FetchPolicy::default(),
+        transport,
+        tcp_listen,
+        auto_fallback: Duration::from_millis(300),
     };
     PeerNode::start(cfg, catalog).unwrap()
+}
+
+/// Runs each listed case — an `async fn(TransportChoice)` of the test file — over QUIC
+/// (`quic::name`) and over TCP (`tcp::name`).
+macro_rules! over_both_transports {
+    ($($name:ident),* $(,)?) => {
+        mod quic {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(kvferry_peer::TransportChoice::Quic).await
+            })*
+        }
+        mod tcp {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name(kvferry_peer::TransportChoice::Tcp).await
+            })*
+        }
+    };
 }

@@ -178,7 +178,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch", "transport", "congestion")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -194,6 +194,8 @@ class Receipt(_message.Message):
     HEDGED_FIELD_NUMBER: _ClassVar[int]
     HEDGE_LOSER_S_FIELD_NUMBER: _ClassVar[int]
     SHARED_FETCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CONGESTION_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -209,7 +211,9 @@ class Receipt(_message.Message):
     hedged: bool
     hedge_loser_s: float
     shared_fetch: bool
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ...) -> None: ...
+    transport: str
+    congestion: str
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ..., transport: _Optional[str] = ..., congestion: _Optional[str] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
@@ -226,7 +230,7 @@ class GetLinksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples")
+    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples", "transport_setting", "transport")
     REGION_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
@@ -243,6 +247,8 @@ class LinkState(_message.Message):
     PER_BYTE_RELATIVE_SD_FIELD_NUMBER: _ClassVar[int]
     FETCH_NOISE_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_SETTING_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     region: str
     rtt_ms: float
     goodput_gbps: float
@@ -259,7 +265,9 @@ class LinkState(_message.Message):
     per_byte_relative_sd: float
     fetch_noise: float
     calibration_samples: int
-    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
+    transport_setting: str
+    transport: str
+    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., transport_setting: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
 
 class EngineCalibration(_message.Message):
     __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor", "split_interference", "split_samples")
