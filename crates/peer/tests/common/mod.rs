@@ -1,6 +1,8 @@
 //! The one loopback endpoint the peer crate's integration tests start: mutual TLS with a dev
 //! PKI, an allow-list, a 1 ms RTT hint and a 3 s idle timeout.
 
+#![allow(dead_code)] // each test binary uses a part
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +20,20 @@ pub fn node(
     catalog: Arc<dyn BlockCatalog>,
     staging: usize,
 ) -> Arc<PeerNode> {
-    let cfg = PeerConfig {
+    node_with(identity, pki, allowed, catalog, staging, |_| {})
+}
+
+/// [`node`], with `tweak` applied to its configuration before it starts (the fault tests'
+/// short idle timeout, small chunks and short retransmit grace).
+pub fn node_with(
+    identity: TlsIdentity,
+    pki: &DevPki,
+    allowed: &[&str],
+    catalog: Arc<dyn BlockCatalog>,
+    staging: usize,
+    tweak: impl FnOnce(&mut PeerConfig),
+) -> Arc<PeerNode> {
+    let mut cfg = PeerConfig {
         identity,
         policy: TrustPolicy {
             roots: pki.roots(),
@@ -35,5 +50,6 @@ pub fn node(
         chunk_target_bytes: 4 << 20,
         fetch: kvferry_peer::FetchPolicy::default(),
     };
+    tweak(&mut cfg);
     PeerNode::start(cfg, catalog).unwrap()
 }
