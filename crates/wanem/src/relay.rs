@@ -10,6 +10,7 @@
 //! the relay stops them. Plain `std` threads and sockets, like the rest of this crate.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -163,14 +164,15 @@ fn downstream_loop(
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => continue,
             Err(_) => continue,
         };
-        if !flows.contains_key(&client) {
-            let Ok(flow) = open_flow(&listen, upstream, client, &shared, &threads) else { continue };
-            flows.insert(client, flow);
-        }
-        if shared.passes(client)
-            && let Some(f) = flows.get(&client)
-        {
-            let _ = f.upstream.send(&buf[..n]);
+        let flow = match flows.entry(client) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => match open_flow(&listen, upstream, client, &shared, &threads) {
+                Ok(f) => e.insert(f),
+                Err(_) => continue,
+            },
+        };
+        if shared.passes(client) {
+            let _ = flow.upstream.send(&buf[..n]);
         }
     }
 }
