@@ -93,6 +93,10 @@ def required_fields(config_rs: Path, struct: str) -> set[str]:
 
 
 def check_toml_types(where: str, value, rust: str, structs: dict, config_rs: Path, fail: Failures) -> None:
+    opt = re.fullmatch(r"Option<(.+)>", rust)
+    if opt:  # an absent key is None; a present one has the inner type
+        check_toml_types(where, value, opt.group(1), structs, config_rs, fail)
+        return
     vec = re.fullmatch(r"Vec<(\w+)>", rust)
     if vec:
         if not isinstance(value, list):

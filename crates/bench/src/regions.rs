@@ -134,6 +134,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path, o: &RegionOptions) -> Str
             gbps: o.gbps,
             rtt_ms: o.rtt_ms,
             max_egress_gbps: 0.0,
+            tenants: None,
         }],
         ..kvferry_daemon::Config::default()
     };

@@ -90,6 +90,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path) -> String {
             gbps: 10.0,
             rtt_ms: 1.0,
             max_egress_gbps: 0.0,
+            tenants: None,
         }],
         ..kvferry_daemon::Config::default()
     };

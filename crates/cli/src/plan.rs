@@ -350,6 +350,7 @@ impl PlanArgs {
                 .map_or(defaults.split_overhead_s, |ms| ms / 1000.0),
             split_min_gain,
             split_granularity: count("block-size", &self.block_size)?.unwrap_or(defaults.split_granularity),
+            split_interference: defaults.split_interference,
         };
 
         let scenario = Scenario { kv, compute, link, prefix_tokens, queues };

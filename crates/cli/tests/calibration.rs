@@ -5,12 +5,14 @@
 //! within [`N`] executed recomputes (the median of the next 6, so recomputes slowed by a busy
 //! host do not decide), with the calibrated figures visible in `GetLinks` and
 //! each prediction's band narrowing as samples accumulate. Fetches calibrate the link the same
-//! way (its fitted fixed cost appears in `GetLinks`).
+//! way (its fitted fixed cost appears in `GetLinks`). A split calibrates its engine's split
+//! interference from its measured time (visible in `GetLinks`), and a large interference
+//! makes the daemon not split where it otherwise would.
 
 mod common;
 
 use common::{Cluster, RegionSpec, generate, migrate, request, tokens, wait_for_source};
-use kvferry_proto::v1::{Action, Decision, GetLinksRequest, PolicyMode};
+use kvferry_proto::v1::{Action, Decision, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode};
 
 /// Recomputes within which the wrong prior must be corrected.
 const N: usize = 6;
@@ -85,4 +87,55 @@ async fn a_wrong_prior_is_corrected_within_n_migrations() {
     let link = links.links.iter().find(|l| l.region == "region-a").expect("the link to A");
     assert_eq!(link.calibration_samples, 3, "{link:?}");
     assert!(link.fixed_ms > 0.0 && link.calibrated_goodput_gbps > 0.0, "{link:?}");
+}
+
+/// A migration of a 640-token prefix held by region A, its egress capped at a quarter of the
+/// prefix: a full fetch is infeasible, so the choice is a split or a recompute.
+async fn capped(cluster: &Cluster, session: &str, salt: u64) -> MigrateSessionRequest {
+    let (mut a, mut b) = (cluster.engine(0).await, cluster.router(1).await);
+    let convo = tokens(640, salt);
+    generate(&mut a, &convo, true).await;
+    let mut req = request(session, &convo, PolicyMode::Auto);
+    wait_for_source(&mut b, &req).await;
+    let bytes_per_token = b.plan_migration(req.clone()).await.unwrap().into_inner().bytes_per_token;
+    req.policy = Some(Policy {
+        mode: PolicyMode::Auto as i32,
+        allow_split: true,
+        max_egress_bytes: (bytes_per_token * 160.0) as u64,
+        allow_hedge: false,
+    });
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_executed_split_calibrates_the_split_interference() {
+    let cluster = Cluster::start([RegionSpec::default(), RegionSpec::default()]);
+    let mut b = cluster.router(1).await;
+    let req = capped(&cluster, "split-cal", 4242).await;
+    let (d, r) = migrate(&mut b, req).await;
+    assert_eq!((d.kind(), r.kind()), (Action::Split, Action::Split), "{d:?} {r:?}");
+    assert!(r.fallback.is_empty(), "{r:?}");
+    let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
+    assert_eq!(engine.split_samples, 1, "{engine:?}");
+    // Planned with the prior 0: the measured slowdown is measured / predicted, less one.
+    let expected = (r.measured_s / r.predicted_s - 1.0).clamp(0.0, 4.0);
+    assert!((engine.split_interference - expected).abs() < 1e-9, "{engine:?} vs {expected} from {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_large_split_interference_rules_the_split_out() {
+    let calm = Cluster::start([RegionSpec::default(), RegionSpec::default()]);
+    let req = capped(&calm, "split-calm", 4343).await;
+    let d = calm.router(1).await.plan_migration(req).await.unwrap().into_inner();
+    assert_eq!(d.kind(), Action::Split, "without interference the capped prefix splits: {d:?}");
+    drop(calm);
+    let shared = RegionSpec { configure: Some(|c| c.policy.split_interference = 4.0), ..Default::default() };
+    let busy = Cluster::start([RegionSpec::default(), shared]);
+    let req = capped(&busy, "split-busy", 4343).await;
+    let d = busy.router(1).await.plan_migration(req).await.unwrap().into_inner();
+    assert_eq!(d.kind(), Action::Recompute, "each leg at 1/5 speed: no split beats recomputing: {d:?}");
+    let links = busy.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b priced");
+    assert_eq!((engine.split_interference, engine.split_samples), (4.0, 0), "{engine:?}");
 }

@@ -32,11 +32,24 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
-#[test]
-fn router_api_requires_a_client_certificate_from_the_router_ca() {
-    let root = tempfile::Builder::new().prefix("kvferry-rtls-").tempdir().unwrap();
-    let dev = root.path().join("dev-ca");
-    let run = root.path().join("run");
+/// Kills and reaps the daemon process when the test ends, however it ends.
+struct Reap(Vec<(String, std::process::Child)>);
+impl Drop for Reap {
+    fn drop(&mut self) {
+        for (_, c) in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A `kvferry daemon` process for region-a under `root` (run dir `root/run`), its config
+/// adjusted by `configure`: its router address, the guard that reaps it, and its log.
+fn start_daemon(
+    root: &std::path::Path,
+    configure: impl FnOnce(&mut kvferry_daemon::Config),
+) -> (std::net::SocketAddr, Reap, impl Fn() -> String) {
+    let run = root.join("run");
     std::fs::create_dir_all(&run).unwrap();
     let grpc = free_tcp();
     let mut cfg = kvferry_daemon::Config {
@@ -46,27 +59,27 @@ fn router_api_requires_a_client_certificate_from_the_router_ca() {
         ..kvferry_daemon::Config::default()
     };
     cfg.listen = kvferry_daemon::config::Listen { grpc, peer: free_udp(), http: free_tcp() };
-    cfg.auth.bearer_token = "s3cret".into();
-    cfg.tls.dev_dir = dev.clone();
-    cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Dev;
-    let path = root.path().join("kvferry.toml");
+    configure(&mut cfg);
+    let path = root.join("kvferry.toml");
     std::fs::write(&path, cfg.to_toml()).unwrap();
     let mut procs = vec![(
         "daemon".to_owned(),
-        spawn(&root.path().join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
+        spawn(&root.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
     )];
-    struct Reap(Vec<(String, std::process::Child)>);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            for (_, c) in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
     wait_file(&run.join("engine.sock"), "daemon", &mut procs);
-    let _reap = Reap(procs);
-    let log = || std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default();
+    let log_path = root.join("daemon.log");
+    (grpc, Reap(procs), move || std::fs::read_to_string(&log_path).unwrap_or_default())
+}
+
+#[test]
+fn router_api_requires_a_client_certificate_from_the_router_ca() {
+    let root = tempfile::Builder::new().prefix("kvferry-rtls-").tempdir().unwrap();
+    let dev = root.path().join("dev-ca");
+    let (grpc, _reap, log) = start_daemon(root.path(), |cfg| {
+        cfg.auth.bearer_token = "s3cret".into();
+        cfg.tls.dev_dir = dev.clone();
+        cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Dev;
+    });
 
     let addr = format!("https://{grpc}");
     let ca = dev.join("ca.pem");
@@ -161,8 +174,6 @@ fn router_ca(dir: &std::path::Path) -> (String, String) {
 #[test]
 fn router_certificates_rotate_without_a_restart() {
     let root = tempfile::Builder::new().prefix("kvferry-rtls-rot-").tempdir().unwrap();
-    let run = root.path().join("run");
-    std::fs::create_dir_all(&run).unwrap();
     let (r1, r2) = (root.path().join("router-ca-1"), root.path().join("router-ca-2"));
     let secret = root.path().join("router-tls");
     let rotate_to = |ca_dir: &std::path::Path| {
@@ -171,37 +182,13 @@ fn router_certificates_rotate_without_a_restart() {
         write_secret(&secret, &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &ca)]);
     };
     rotate_to(&r1);
-    let grpc = free_tcp();
-    let mut cfg = kvferry_daemon::Config {
-        region: "region-a".into(),
-        trust_domain: "kvferry.e2e".into(),
-        run_dir: run.clone(),
-        ..kvferry_daemon::Config::default()
-    };
-    cfg.listen = kvferry_daemon::config::Listen { grpc, peer: free_udp(), http: free_tcp() };
-    cfg.tls.dev_dir = root.path().join("dev-ca");
-    cfg.tls.reload_poll_ms = 100;
-    cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Files;
-    (cfg.router_tls.cert, cfg.router_tls.key, cfg.router_tls.client_ca) =
-        (secret.join("tls.crt"), secret.join("tls.key"), secret.join("ca.crt"));
-    let path = root.path().join("kvferry.toml");
-    std::fs::write(&path, cfg.to_toml()).unwrap();
-    let mut procs = vec![(
-        "daemon".to_owned(),
-        spawn(&root.path().join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
-    )];
-    struct Reap(Vec<(String, std::process::Child)>);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            for (_, c) in &mut self.0 {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-    }
-    wait_file(&run.join("engine.sock"), "daemon", &mut procs);
-    let _reap = Reap(procs);
-    let log = || std::fs::read_to_string(root.path().join("daemon.log")).unwrap_or_default();
+    let (grpc, _reap, log) = start_daemon(root.path(), |cfg| {
+        cfg.tls.dev_dir = root.path().join("dev-ca");
+        cfg.tls.reload_poll_ms = 100;
+        cfg.router_tls.mode = kvferry_daemon::config::RouterTlsMode::Files;
+        (cfg.router_tls.cert, cfg.router_tls.key, cfg.router_tls.client_ca) =
+            (secret.join("tls.crt"), secret.join("tls.key"), secret.join("ca.crt"));
+    });
     let addr = format!("https://{grpc}");
     let s = |p: std::path::PathBuf| p.to_str().unwrap().to_owned();
     let links = |ca: &std::path::Path| {

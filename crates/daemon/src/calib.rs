@@ -6,12 +6,16 @@
 //!
 //! Priors: a link's calibration starts at the live estimator's figures (one RTT, the measured
 //! or configured goodput) and follows them until its first sample; an engine's starts at the
-//! profile it reported and is rebased whenever the engine reports a new one.
+//! profile it reported and is rebased whenever the engine reports a new one. An engine's split
+//! interference (how much a split's legs slow each other on this host) starts at
+//! `[policy] split_interference` and follows the executed splits.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use kvferry_model::calibration::{FetchEstimate, FetchSpread, FitConfig, RecomputeEstimate, RecomputeSpread};
+use kvferry_model::calibration::{
+    FetchEstimate, FetchSpread, FitConfig, InterferenceCalibration, RecomputeEstimate, RecomputeSpread,
+};
 use kvferry_model::{
     CalibrationError, ComputeModel, FetchCalibration, FetchObservation, LinkModel, RecomputeCalibration,
     RecomputeObservation,
@@ -31,6 +35,7 @@ struct EngineCal {
 pub struct Calibrations {
     fetch: Mutex<HashMap<String, FetchCalibration>>,
     recompute: Mutex<HashMap<String, EngineCal>>,
+    split: Mutex<HashMap<String, InterferenceCalibration>>,
 }
 
 impl std::fmt::Debug for Calibrations {
@@ -110,6 +115,30 @@ impl Calibrations {
         }
     }
 
+    /// The interference to plan `engine_id`'s next split with: learnt from its executed
+    /// splits, `prior` until the first one.
+    pub fn split_interference(&self, engine_id: &str, prior: f64) -> f64 {
+        self.split.locked().get(engine_id).map_or(prior, InterferenceCalibration::estimate)
+    }
+
+    /// `engine_id`'s split interference and the splits it was measured from.
+    pub fn split_state(&self, engine_id: &str, prior: f64) -> (f64, u64) {
+        self.split.locked().get(engine_id).map_or((prior, 0), |c| (c.estimate(), c.samples()))
+    }
+
+    /// Folds in one executed split of `engine_id`, planned with interference `used`.
+    pub fn observe_split(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
+        let mut all = self.split.locked();
+        let cal = match all.get_mut(engine_id) {
+            Some(c) => c,
+            None => match InterferenceCalibration::new(prior) {
+                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
+                Err(e) => return log_refused("split", engine_id, Err(e)),
+            },
+        };
+        log_refused("split", engine_id, cal.observe(used, predicted_s, measured_s));
+    }
+
     /// `region`'s calibrated fetch figures at RTT `rtt_s`, once it has any state.
     pub fn fetch_estimate(&self, region: &str, rtt_s: f64) -> Option<FetchEstimate> {
         self.fetch.locked().get(region).and_then(|c| c.estimate(rtt_s).ok())
@@ -172,6 +201,20 @@ mod tests {
         let p = after.predict(64 * mib, 0.05).unwrap().seconds;
         assert!((p / (at_2g + 0.15) - 1.0).abs() < 0.05, "{p} vs {}", at_2g + 0.15);
         assert!(c.fetch_estimate("b", 0.05).is_some() && c.fetch_estimate("x", 0.05).is_none());
+    }
+
+    #[test]
+    fn split_interference_is_the_prior_until_a_split_of_that_engine_then_measured() {
+        let c = Calibrations::default();
+        assert_eq!(c.split_interference("e", 0.25), 0.25);
+        assert_eq!(c.split_state("e", 0.25), (0.25, 0));
+        // Planned with the prior 0.25; took 1.6 × its prediction: the legs slowed each other 2×.
+        c.observe_split("e", 0.25, 0.25, 1.0, 1.6);
+        assert!((c.split_interference("e", 0.25) - 1.0).abs() < 1e-12);
+        assert_eq!(c.split_interference("other", 0.0), 0.0, "per engine");
+        c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
+        assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
+        assert_eq!(c.split_state("e", 9.0).1, 1);
     }
 
     #[test]

@@ -30,6 +30,9 @@ pub struct RegionCatalog {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Per-peer egress caps.
     pub egress: EgressCaps,
+    /// Per-peer tenant allow-lists (`peers[].tenants`): checked first, before any index or
+    /// KV byte is looked at.
+    pub scopes: TenantScopes,
     /// `Some(pool use)` when eviction hints are on (`policy.eviction_hints`).
     pub hint_threshold: Option<f64>,
     /// Test builds' injected faults (`[faults]`; empty unless feature `fault-injection`).
@@ -210,10 +213,68 @@ impl ChunkSource for Paced {
     }
 }
 
+/// Every peer's tenant allow-list (`peers[].tenants`), by region, for the serving side.
+#[derive(Debug, Clone, Default)]
+pub struct TenantScopes {
+    by_region: std::collections::HashMap<String, Option<std::collections::HashSet<String>>>,
+}
+
+impl TenantScopes {
+    /// From the peer list.
+    pub fn new(peers: &[crate::config::Peer]) -> Self {
+        let by_region = peers
+            .iter()
+            .map(|p| (p.region.clone(), p.tenants.as_ref().map(|t| t.iter().cloned().collect())))
+            .collect();
+        Self { by_region }
+    }
+
+    /// Whether this region may exchange `tenant`'s blocks with `region`: a configured peer
+    /// whose allow-list (if any) names the tenant. A region that is not a configured peer is
+    /// allowed nothing (the handshake refuses it before this is asked).
+    pub fn allows(&self, region: &str, tenant: &str) -> bool {
+        match self.by_region.get(region) {
+            Some(None) => true,
+            Some(Some(set)) => set.contains(tenant),
+            None => false,
+        }
+    }
+}
+
+/// Counts the KV bytes read for peers (`kvferry_served_bytes_total`).
+struct CountServed {
+    inner: Arc<dyn ChunkSource>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl ChunkSource for CountServed {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
+        Box::pin(async move {
+            let out = self.inner.read(spec).await?;
+            self.metrics.served_bytes.add(spec.len);
+            Ok(out)
+        })
+    }
+}
+
+/// The refusal of a peer's request for a tenant its allow-list does not name.
+pub fn tenant_refusal(region: &str) -> (RefusalCode, String) {
+    (
+        RefusalCode::NotAuthorized,
+        format!("this region does not exchange that tenant's blocks with {region} (peers[].tenants)"),
+    )
+}
+
 impl BlockCatalog for RegionCatalog {
     fn open(&self, peer: &RegionId, req: &FetchRequest) -> Result<Served, (RefusalCode, String)> {
+        if !self.scopes.allows(&peer.region, &req.tenant) {
+            self.metrics.tenant_denied_serve.inc();
+            tracing::warn!(peer = %peer, tenant = %req.tenant.escape_debug(), "refused: tenant not allowed for this peer");
+            return Err(tenant_refusal(&peer.region));
+        }
         let mut served = self.open_unpaced(peer, req)?;
-        served.source = self.faults.wrap(&req.tenant, self.egress.wrap(peer, served.source));
+        let counted = Arc::new(CountServed { inner: served.source, metrics: self.metrics.clone() });
+        served.source = self.faults.wrap(&req.tenant, self.egress.wrap(peer, counted));
         served.egress_cap_bps = self.egress.cap_bps(peer);
         Ok(served)
     }
@@ -450,6 +511,14 @@ mod tests {
             landing: LandingZone::new(1 << 20),
             metrics: Default::default(),
             egress: EgressCaps::default(),
+            scopes: TenantScopes::new(&[crate::config::Peer {
+                region: "b".into(),
+                addr: "127.0.0.1:1".parse().unwrap(),
+                gbps: 1.0,
+                rtt_ms: 1.0,
+                max_egress_gbps: 0.0,
+                tenants: None,
+            }]),
             hint_threshold: None,
             faults: InjectedFaults::default(),
         }
@@ -597,6 +666,36 @@ mod tests {
         assert_eq!(served.blocks_held, 2);
     }
 
+    #[test]
+    fn a_tenant_off_the_peers_allow_list_is_refused_first_and_counted() {
+        let e = engine();
+        let mut cat = catalog(&e);
+        let hashes = [[1u8; 32], [2; 32]];
+        publish(&e, &hashes, 0);
+        let peer_b = |tenants: Option<Vec<String>>| crate::config::Peer {
+            region: "b".into(),
+            addr: "127.0.0.1:1".parse().unwrap(),
+            gbps: 1.0,
+            rtt_ms: 1.0,
+            max_egress_gbps: 0.0,
+            tenants,
+        };
+        cat.scopes = TenantScopes::new(&[peer_b(Some(vec!["someone-else".into()]))]);
+        let (code, detail) = refusal(&cat, &request(&e, &hashes));
+        assert_eq!(code, RefusalCode::NotAuthorized, "{detail}");
+        // Refused before anything else is looked at: even a malformed request gets this answer.
+        assert_eq!(refusal(&cat, &request(&e, &[])).0, RefusalCode::NotAuthorized);
+        assert_eq!((cat.metrics.served_requests.get(), cat.metrics.tenant_denied_serve.get()), (0, 2));
+        // A region that is not a peer is allowed nothing; an empty list allows no tenant.
+        let stranger = RegionId::new("kvferry.test", "z").unwrap();
+        assert!(matches!(cat.open(&stranger, &request(&e, &hashes)), Err((RefusalCode::NotAuthorized, _))));
+        cat.scopes = TenantScopes::new(&[peer_b(Some(vec![]))]);
+        assert_eq!(refusal(&cat, &request(&e, &hashes)).0, RefusalCode::NotAuthorized);
+        // Named: served.
+        cat.scopes = TenantScopes::new(&[peer_b(Some(vec![TENANT.into()]))]);
+        assert_eq!(cat.open(&peer(), &request(&e, &hashes)).unwrap().blocks_held, 2);
+    }
+
     #[tokio::test]
     async fn landed_blocks_are_served_back_byte_for_byte() {
         let e = engine();
@@ -639,6 +738,7 @@ mod tests {
             gbps: 1.0,
             rtt_ms: 50.0,
             max_egress_gbps: cap,
+            tenants: None,
         };
         let caps = EgressCaps::new(&[peer("b", 8.0), peer("c", 0.0)]);
         assert_eq!(caps.by_region.len(), 1, "a peer with cap 0 is not paced");

@@ -253,6 +253,20 @@ pub struct Peer {
     /// together); 0 = no cap. Keeps migrations from crowding other traffic off a shared WAN link.
     #[serde(default)]
     pub max_egress_gbps: f64,
+    /// The tenants whose blocks this region exchanges with that peer, both ways: it serves
+    /// that peer only these tenants' blocks, and fetches (or asks about) only these tenants'
+    /// blocks from it. Anything else is refused before any KV byte (PERMISSION_DENIED). Absent:
+    /// every tenant (a peer's certificate is then trusted with every tenant's prefixes; see
+    /// SECURITY.md). An empty list: no tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<Vec<String>>,
+}
+
+impl Peer {
+    /// Whether `tenant`'s blocks may be exchanged with this peer (`tenants`).
+    pub fn allows(&self, tenant: &str) -> bool {
+        self.tenants.as_ref().is_none_or(|t| t.iter().any(|x| x == tenant))
+    }
 }
 
 fn default_peer_gbps() -> f64 {
@@ -381,6 +395,11 @@ pub struct PolicyDefaults {
     /// Relative slowdown of each leg while the other runs beside it (they share this host's
     /// cores when the engine prefills on CPU).
     pub hedge_interference: f64,
+    /// Prior of the split interference: the relative slowdown of each leg of a split while the
+    /// other runs (0: separate resources). With `calibrate`, each engine's executed splits
+    /// replace it with the measured slowdown (median of recent splits); a split that cannot
+    /// beat the better pure action by `split_min_gain` once slowed is not chosen. At most 4.
+    pub split_interference: f64,
 }
 
 /// When the daemon hedges.
@@ -488,6 +507,7 @@ impl Default for PolicyDefaults {
             hedge_min_gain: 0.02,
             hedge_max_wasted_compute_ms: 0.0,
             hedge_interference: 0.0,
+            split_interference: 0.0,
         }
     }
 }
@@ -611,6 +631,27 @@ impl Config {
             if !(p.max_egress_gbps.is_finite() && p.max_egress_gbps >= 0.0) {
                 return Err(invalid(format!("peers[{i}].max_egress_gbps"), "must be >= 0 (0 = no cap)"));
             }
+            if let Some(tenants) = &p.tenants {
+                let mut names = std::collections::HashSet::new();
+                for (j, t) in tenants.iter().enumerate() {
+                    if t.len() > crate::plan::MAX_ID_BYTES {
+                        return Err(invalid(
+                            format!("peers[{i}].tenants[{j}]"),
+                            format!(
+                                "is {} bytes; a tenant is at most {}",
+                                t.len(),
+                                crate::plan::MAX_ID_BYTES
+                            ),
+                        ));
+                    }
+                    if !names.insert(t) {
+                        return Err(invalid(
+                            format!("peers[{i}].tenants[{j}]"),
+                            format!("{t:?} is listed twice"),
+                        ));
+                    }
+                }
+            }
         }
         let l = &self.limits;
         if l.staging_bytes < (8 << 20) {
@@ -681,6 +722,9 @@ impl Config {
         }
         if !(p.hedge_interference.is_finite() && p.hedge_interference >= 0.0) {
             return Err(invalid("policy.hedge_interference", "must be >= 0"));
+        }
+        if !(0.0..=4.0).contains(&p.split_interference) {
+            return Err(invalid("policy.split_interference", "must be in [0, 4]"));
         }
         if !(0.0..=1.0).contains(&p.split_min_gain) {
             return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
@@ -773,10 +817,17 @@ mod tests {
                 "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\nmax_egress_gbps = -1",
                 "peers[0].max_egress_gbps",
             ),
+            (
+                "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = [\"t\", \"u\", \"t\"]",
+                "peers[0].tenants[2]",
+            ),
+            ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = \"t\"", "tenants"),
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_band_z = -1", "policy.hedge_band_z"),
             ("[policy]\nhedge_interference = -0.5", "policy.hedge_interference"),
+            ("[policy]\nsplit_interference = 5", "policy.split_interference"),
+            ("[policy]\nsplit_interference = -1", "policy.split_interference"),
             ("[policy]\neviction_hint_pool_use = 1.5", "policy.eviction_hint_pool_use"),
         ];
         for (text, field) in cases {
@@ -784,6 +835,26 @@ mod tests {
             assert!(e.contains(field), "{text:?}: {e}");
         }
         assert!(Config::parse("bogus = 1").unwrap_err().to_string().contains("bogus"));
+    }
+
+    #[test]
+    fn peer_tenant_allow_lists_parse_validate_and_round_trip() {
+        let text = "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = [\"t1\", \"t2\"]\n\
+                    [[peers]]\nregion = \"c\"\naddr = \"127.0.0.1:2\"\n\
+                    [[peers]]\nregion = \"d\"\naddr = \"127.0.0.1:3\"\ntenants = []";
+        let c = Config::parse(text).unwrap();
+        assert_eq!(c.peers[0].tenants, Some(vec!["t1".to_owned(), "t2".to_owned()]));
+        assert_eq!((c.peers[1].tenants.clone(), c.peers[2].tenants.clone()), (None, Some(vec![])));
+        assert!(c.peers[0].allows("t1") && !c.peers[0].allows("t3"));
+        assert!(c.peers[1].allows("anyone"), "no list: every tenant");
+        assert!(!c.peers[2].allows("t1"), "an empty list: no tenant");
+        let scopes = crate::catalog::TenantScopes::new(&c.peers);
+        assert!(scopes.allows("b", "t2") && !scopes.allows("b", "t3") && scopes.allows("c", "t3"));
+        assert!(!scopes.allows("d", "t1") && !scopes.allows("not-a-peer", "t1"));
+        assert_eq!(Config::parse(&c.to_toml()).unwrap(), c, "round trip");
+        let long =
+            format!("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = [\"{}\"]", "x".repeat(257));
+        assert!(Config::parse(&long).unwrap_err().to_string().contains("peers[0].tenants[0]"));
     }
 
     #[test]

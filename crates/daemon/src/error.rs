@@ -59,6 +59,27 @@ impl std::fmt::Display for Fault {
     }
 }
 
+/// Why a request was refused by policy (the `kvferry-reason` metadata of a PERMISSION_DENIED
+/// status).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denial {
+    /// This region's `peers[].tenants` for that peer does not name the tenant: the peer was
+    /// not asked.
+    TenantNotAllowedForPeer,
+    /// The peer refused the tenant (its own allow-list for this region), before any KV byte.
+    PeerRefusedTenant,
+}
+
+impl Denial {
+    /// The metadata value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Denial::TenantNotAllowedForPeer => "tenant_not_allowed_for_peer",
+            Denial::PeerRefusedTenant => "peer_refused_tenant",
+        }
+    }
+}
+
 /// Why a request failed, by gRPC class.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum DaemonError {
@@ -76,6 +97,8 @@ pub enum DaemonError {
     Unavailable(Fault),
     #[error("unauthenticated: {0}")]
     Unauthenticated(Fault),
+    #[error("permission denied: {0}")]
+    Denied(Fault, Denial),
     #[error("internal: {0}")]
     Internal(Fault),
 }
@@ -91,6 +114,7 @@ macro_rules! fault_of {
             | DaemonError::Exhausted(f)
             | DaemonError::Unavailable(f)
             | DaemonError::Unauthenticated(f)
+            | DaemonError::Denied(f, _)
             | DaemonError::Internal(f) => f,
         }
     };
@@ -135,6 +159,12 @@ impl DaemonError {
     /// No valid credentials. Not retryable.
     pub fn unauthenticated(reason: impl Into<String>) -> Self {
         Self::Unauthenticated(fault(Origin::Request, false, reason))
+    }
+
+    /// Refused by policy (`why`), from `origin` (this region's config, or the peer's). Not
+    /// retryable: the same request meets the same policy.
+    pub fn denied(origin: Origin, why: Denial, reason: impl Into<String>) -> Self {
+        Self::Denied(fault(origin, false, reason), why)
     }
 
     /// A broken invariant of this daemon. Not retryable.
@@ -189,6 +219,7 @@ impl DaemonError {
             Self::Exhausted(_) => Code::ResourceExhausted,
             Self::Unavailable(_) => Code::Unavailable,
             Self::Unauthenticated(_) => Code::Unauthenticated,
+            Self::Denied(..) => Code::PermissionDenied,
             Self::Internal(_) => Code::Internal,
         }
     }
@@ -205,6 +236,13 @@ impl DaemonError {
                 retryable,
                 "the fetch did not finish before the deadline",
             )),
+            WireError::Refused { code: kvferry_wire::frame::RefusalCode::NotAuthorized, detail } => {
+                Self::denied(
+                    Origin::Peer,
+                    Denial::PeerRefusedTenant,
+                    format!("fetch from {src} refused: {detail}"),
+                )
+            }
             other => Self::Unavailable(fault(origin, retryable, format!("fetch from {src}: {other}"))),
         }
     }
@@ -215,6 +253,9 @@ impl DaemonError {
     pub fn from_query(region: &str, e: &WireError) -> Self {
         let retryable = e.retryable();
         match e {
+            WireError::Refused { code: kvferry_wire::frame::RefusalCode::NotAuthorized, detail } => {
+                Self::denied(Origin::Peer, Denial::PeerRefusedTenant, format!("{region} refused: {detail}"))
+            }
             WireError::Refused { code, detail } => Self::Unavailable(fault(
                 Origin::Peer,
                 retryable,
@@ -253,6 +294,9 @@ impl From<DaemonError> for tonic::Status {
             "kvferry-retryable",
             tonic::metadata::MetadataValue::from_static(if e.retryable() { "true" } else { "false" }),
         );
+        if let DaemonError::Denied(_, why) = &e {
+            md.insert("kvferry-reason", tonic::metadata::MetadataValue::from_static(why.as_str()));
+        }
         s
     }
 }
@@ -380,6 +424,41 @@ mod tests {
         assert!(e.retryable());
         let e = DaemonError::from_query("c", &WireError::Local(LocalError::StagingClosed));
         assert_eq!((e.origin(), e.retryable()), (Origin::Local, false));
+    }
+
+    #[test]
+    fn a_tenant_refused_by_policy_is_permission_denied_with_its_reason_in_metadata() {
+        let reason = |e: DaemonError| {
+            let s = tonic::Status::from(e);
+            let md = |k| s.metadata().get(k).map(|v| v.to_str().unwrap().to_owned());
+            (s.code(), md("kvferry-reason"), md("kvferry-origin"), md("kvferry-retryable"))
+        };
+        let here = DaemonError::denied(Origin::Request, Denial::TenantNotAllowedForPeer, "not with b");
+        assert_eq!(here.to_string(), "permission denied: not with b");
+        assert_eq!(
+            reason(here),
+            (
+                Code::PermissionDenied,
+                Some("tenant_not_allowed_for_peer".into()),
+                Some("request".into()),
+                Some("false".into())
+            )
+        );
+        let refused = WireError::Refused { code: RefusalCode::NotAuthorized, detail: "not with a".into() };
+        for e in [DaemonError::from_query("b", &refused), DaemonError::from_fetch("b", &refused)] {
+            assert!(matches!(e, DaemonError::Denied(_, Denial::PeerRefusedTenant)), "{e}");
+            assert_eq!(
+                reason(e),
+                (
+                    Code::PermissionDenied,
+                    Some("peer_refused_tenant".into()),
+                    Some("peer".into()),
+                    Some("false".into())
+                )
+            );
+        }
+        // Other classes carry no reason key.
+        assert_eq!(reason(DaemonError::invalid("x")).1, None);
     }
 
     #[test]

@@ -28,6 +28,7 @@ use crate::Shared;
 use crate::blockbuf::BlockShape;
 use crate::catalog::{LandingSink, landed_blocks};
 use crate::error::{DaemonError, Origin};
+use crate::inflight::{self, Entered, FlightKey, Outcome};
 use crate::plan::{Planned, Prepared, set_receipt_action};
 use kvferry_pool::sync::LockExt;
 
@@ -86,8 +87,8 @@ pub async fn execute(
             let k = plan.recompute_tokens;
             let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
-                recompute(shared, p, k),
-                fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events)
+                recompute_leg(shared, p, k, Leg::Concurrent),
+                fetch_leg(shared, p, &src, plan.fetch_from, plan.fetch_end, events, Leg::Concurrent)
             );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
@@ -104,6 +105,17 @@ pub async fn execute(
     }
     receipt.wall_s = t0.elapsed().as_secs_f64();
     receipt.measured_s = receipt.wall_s;
+    // An executed split (both legs, no fallback) calibrates this engine's split interference
+    // against the whole migration's prediction, which was made with the interference in force.
+    if plan.action == MigrationAction::Split
+        && receipt.fallback.is_empty()
+        && shared.config.policy.calibrate
+        && receipt.predicted_s > 0.0
+    {
+        let prior = shared.config.policy.split_interference;
+        let used = p.policy.split_interference;
+        shared.calib.observe_split(&p.engine.engine_id, prior, used, receipt.predicted_s, receipt.measured_s);
+    }
     if receipt.fallback.is_empty()
         && receipt.predicted_s > 0.0
         && let Some((src, _)) = &p.source
@@ -134,7 +146,7 @@ async fn hedge(
     receipt: &mut Receipt,
 ) -> Result<(), DaemonError> {
     enum First {
-        Fetch(Result<FetchReceipt, DaemonError>),
+        Fetch(Result<Fetched, DaemonError>),
         Recompute(Result<u64, DaemonError>),
     }
     let bs = p.block_size as usize;
@@ -195,7 +207,7 @@ async fn fetch_from_alternates(
     events: &Events,
     failed: &str,
     e: &DaemonError,
-) -> Option<(String, FetchReceipt)> {
+) -> Option<(String, Fetched)> {
     if matches!(e, DaemonError::Deadline(_)) {
         return None;
     }
@@ -214,16 +226,26 @@ async fn fetch_from_alternates(
     None
 }
 
-fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, r: &FetchReceipt, ready_tokens: usize) {
+/// A receipt for a completed fetch. A joined fetch moved nothing itself: `bytes_moved` 0,
+/// `shared_fetch`, and its bytes are not counted again in `kvferry_fetched_bytes_total`.
+fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, f: &Fetched, ready_tokens: usize) {
+    let r = &f.receipt;
     receipt.tokens_ready = ready_tokens as u64;
-    receipt.bytes_moved = r.bytes;
     receipt.goodput_gbps = r.goodput_bps / 1e9;
     receipt.reconnects = r.reconnects;
     receipt.first_layer_s = r.first_layer.map_or(0.0, |d| d.as_secs_f64());
-    receipt.path = format!(
+    let path = format!(
         "{src} pool -> QUIC (mutual TLS, {} streams) -> {} landing zone",
         shared.config.transfer.streams, shared.config.region
     );
+    if f.joined {
+        receipt.bytes_moved = 0;
+        receipt.shared_fetch = true;
+        receipt.path = format!("joined an in-flight fetch: {path}");
+        return;
+    }
+    receipt.bytes_moved = r.bytes;
+    receipt.path = path;
     shared.metrics.bytes_fetched.add(r.bytes);
     shared.metrics.last_goodput_gbps.set(r.goodput_bps / 1e9);
 }
@@ -280,6 +302,19 @@ pub fn silent_limit(idle_timeout: Duration) -> Duration {
 /// losing leg of a hedge) — is cancelled (`CancelRecompute`): the engine stops spending its
 /// compute on it.
 async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, DaemonError> {
+    recompute_leg(shared, p, n, Leg::Alone).await
+}
+
+/// Whether an action runs alone or beside the other one (a split's legs): a leg that ran
+/// concurrently measures the pure action slowed by the other, so it does not feed that
+/// action's calibration (the split's outcome calibrates the interference instead).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leg {
+    Alone,
+    Concurrent,
+}
+
+async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
@@ -336,7 +371,7 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
     drop(guard);
     match answer {
         Ok(Ok(Ok(tokens))) => {
-            if shared.config.policy.calibrate {
+            if shared.config.policy.calibrate && leg == Leg::Alone {
                 let obs = RecomputeObservation {
                     new_tokens: n as u64,
                     cached_tokens: 0,
@@ -356,8 +391,17 @@ async fn recompute(shared: &Shared, p: &Prepared, n: usize) -> Result<u64, Daemo
     }
 }
 
-/// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
-/// wall time (request to the last verified block landed) feeds the link's calibration.
+/// A fetch's receipt, and whether it was another migration's fetch this one joined.
+#[derive(Debug, Clone)]
+struct Fetched {
+    receipt: FetchReceipt,
+    joined: bool,
+}
+
+/// Fetches blocks `[from, end)` from `src` into the landing zone, or joins a fetch of them
+/// already in flight ([`crate::inflight`]): the same verified result or the same typed error
+/// without moving the bytes again. A joiner waits until its own fetch deadline; a leader that
+/// was dropped (or failed on its own, shorter deadline) is replaced by a new leader.
 async fn fetch(
     shared: &Arc<Shared>,
     p: &Prepared,
@@ -365,6 +409,65 @@ async fn fetch(
     from: usize,
     end: usize,
     events: &Events,
+) -> Result<Fetched, DaemonError> {
+    let want = FlightKey {
+        source: src.to_owned(),
+        tenant: p.tenant.clone(),
+        fingerprint: p.engine.digest,
+        hashes: p.hashes[from..end].to_vec(),
+    };
+    loop {
+        let join = match shared.flights.enter(want.clone()) {
+            Entered::Lead(lead) => {
+                let r = fetch_now(shared, p, src, from, end, events).await;
+                lead.finish(&r);
+                return r.map(|receipt| Fetched { receipt, joined: false });
+            }
+            Entered::Join(join) => join,
+        };
+        tracing::info!(session = ?p.session_id, source = %src, blocks = end - from,
+            "joining the in-flight fetch of the same blocks");
+        let until = fetch_deadline(p);
+        match tokio::time::timeout_at(until.into(), join.outcome()).await {
+            Ok(Outcome::Done(Ok(receipt))) => {
+                shared.metrics.fetches_joined.inc();
+                return Ok(Fetched { receipt, joined: true });
+            }
+            Ok(Outcome::Done(Err(e))) if !inflight::lead_again_after(&e, Instant::now() < until) => {
+                shared.metrics.fetches_joined.inc();
+                return Err(e);
+            }
+            Ok(Outcome::Done(Err(_)) | Outcome::Abandoned) => continue,
+            Err(_) => {
+                return Err(DaemonError::deadline(
+                    "the in-flight fetch this migration joined did not finish before its deadline",
+                ));
+            }
+        }
+    }
+}
+
+/// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
+/// wall time (request to the last verified block landed) feeds the link's calibration.
+async fn fetch_now(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    src: &str,
+    from: usize,
+    end: usize,
+    events: &Events,
+) -> Result<FetchReceipt, DaemonError> {
+    fetch_leg(shared, p, src, from, end, events, Leg::Alone).await
+}
+
+async fn fetch_leg(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    src: &str,
+    from: usize,
+    end: usize,
+    events: &Events,
+    leg: Leg,
 ) -> Result<FetchReceipt, DaemonError> {
     let started = Instant::now();
     let src = src.to_owned();
@@ -453,6 +556,7 @@ async fn fetch(
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
     if shared.config.policy.calibrate
+        && leg == Leg::Alone
         && let Some(fig) = p.figures
     {
         let obs = FetchObservation {

@@ -1,7 +1,8 @@
 //! kvferry's per-region daemon.
 //!
 //! Codemap: [`config`] (TOML, env, validation), [`registry`] (engines, pools, block index),
-//! [`landing`] (fetched blocks until engines load them), [`catalog`] (what peers may fetch;
+//! [`landing`] (fetched blocks until engines load them), [`inflight`] (a fetch of blocks
+//! already being fetched joins that fetch), [`catalog`] (what peers may fetch;
 //! where fetches land), [`blockbuf`] (chunk ↔ block byte permutations), [`links`] (per-peer
 //! live figures), [`plan`] (validate + decide), [`execute`] (fetch / recompute / split with
 //! deadlines and fallback), [`service`] (router gRPC), [`engine_api`] (engine gRPC + fd
@@ -23,6 +24,7 @@ pub mod engine_api;
 pub mod error;
 pub mod execute;
 pub mod http;
+pub mod inflight;
 pub mod landing;
 pub mod links;
 pub mod metrics;
@@ -56,6 +58,8 @@ pub struct Shared {
     pub migrations: Arc<Semaphore>,
     /// Fetch and recompute calibrations learnt from executed migrations.
     pub calib: calib::Calibrations,
+    /// Fetches in flight, which a fetch of the same blocks joins ([`inflight`]).
+    pub flights: inflight::Flights,
     /// The router API's and the Engine API's connections ([`conn`]).
     pub router_conns: Arc<conn::ConnTable>,
     pub engine_conns: Arc<conn::ConnTable>,
@@ -225,6 +229,7 @@ impl Daemon {
             landing: landing.clone(),
             metrics: metrics.clone(),
             egress: catalog::EgressCaps::new(&config.peers),
+            scopes: catalog::TenantScopes::new(&config.peers),
             hint_threshold: config.policy.eviction_hints.then_some(config.policy.eviction_hint_pool_use),
             faults: catalog::InjectedFaults::new(&config.faults),
         });
@@ -265,6 +270,7 @@ impl Daemon {
             links: links::LinkTable::new(&config.peers),
             migrations: Arc::new(Semaphore::new(config.limits.max_concurrent_migrations as usize)),
             calib: calib::Calibrations::default(),
+            flights: inflight::Flights::default(),
             config,
             registry,
             landing,

@@ -59,6 +59,13 @@ pub struct Metrics {
     pub recompute_cancels: Counter,
     /// ...and the engines' acknowledgements (RecomputeDone with `cancelled`).
     pub recompute_cancels_acked: Counter,
+    /// Fetches that joined another migration's in-flight fetch of the same blocks.
+    pub fetches_joined: Counter,
+    /// KV payload bytes read for peers (pools and landing zone), before checksumming.
+    pub served_bytes: Counter,
+    /// Requests refused by `peers[].tenants`, as the owner (serve) and as the requester (fetch).
+    pub tenant_denied_serve: Counter,
+    pub tenant_denied_fetch: Counter,
     /// TLS reloads by listener (peer, router) and result.
     pub tls_reloads_peer: Counter,
     pub tls_refused_peer: Counter,
@@ -135,6 +142,24 @@ impl Metrics {
             "kvferry_served_requests_total",
             "Fetch requests served to peers.",
             &[("", self.served_requests.get())],
+        );
+        counter(
+            "kvferry_served_bytes_total",
+            "KV payload bytes read from this region's pools and landing zone for peers.",
+            &[("", self.served_bytes.get())],
+        );
+        counter(
+            "kvferry_fetches_joined_total",
+            "Fetches that joined another migration's in-flight fetch of the same blocks instead of moving them again.",
+            &[("", self.fetches_joined.get())],
+        );
+        counter(
+            "kvferry_tenant_denied_total",
+            "Requests refused before any KV byte because the peer's tenant allow-list (peers[].tenants) does not name the tenant; serve: a peer asked this region, fetch: this region would have asked the peer.",
+            &[
+                ("side=\"serve\"", self.tenant_denied_serve.get()),
+                ("side=\"fetch\"", self.tenant_denied_fetch.get()),
+            ],
         );
         counter(
             "kvferry_served_reused_total",

@@ -16,7 +16,7 @@ use kvferry_proto::v1::{Candidate, Decision, Holding, LinkState, MigrateSessionR
 
 use crate::Shared;
 use crate::engine_api::hashes_for;
-use crate::error::{DaemonError, Origin};
+use crate::error::{DaemonError, Denial, Origin};
 use crate::links::Figures;
 use crate::registry::EngineEntry;
 use kvferry_pool::sync::LockExt;
@@ -179,6 +179,7 @@ fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Pol
         split_overhead_s: shared.config.policy.split_overhead_ms / 1000.0,
         split_min_gain: shared.config.policy.split_min_gain,
         split_granularity: u64::from(block_size.max(1)),
+        split_interference: 0.0, // per engine: set in `prepare_with` once the engine is known
     }
 }
 
@@ -260,6 +261,14 @@ pub async fn prepare_with(
     if let Some(bad) = r.source_regions.iter().find(|s| shared.links.peer(s).is_none()) {
         return Err(DaemonError::not_found(format!("unknown region {bad:?} in source_regions")));
     }
+    // A named source this region may not exchange the tenant's blocks with: refused before
+    // the peer is asked anything.
+    if !r.source_region.is_empty()
+        && !shared.links.peer(&r.source_region).is_some_and(|p| p.allows(&r.tenant))
+    {
+        shared.metrics.tenant_denied_fetch.inc();
+        return Err(tenant_not_allowed(&r.source_region, &r.tenant));
+    }
     let block_size = engine.layout.spec().block_size;
     let hashes: Vec<BlockHash> = if r.token_ids.is_empty() {
         r.block_hashes
@@ -282,7 +291,9 @@ pub async fn prepare_with(
                 || shared.landing.get(&r.tenant, h).is_some_and(|l| l.fingerprint == engine.digest)
         })
         .count();
-    let policy = policy_of(shared, r, block_size);
+    let mut policy = policy_of(shared, r, block_size);
+    policy.split_interference =
+        shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
     let engine_load = {
         let u = engine.load.locked().utilization;
         if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
@@ -326,6 +337,16 @@ pub async fn prepare_with(
     } else {
         return Err(DaemonError::not_found(format!("unknown region {:?}", r.source_region)));
     };
+    // Peers whose allow-list does not name the tenant are not asked (a query would tell them
+    // which of the tenant's prefixes exist here); they are listed as not reachable, with why.
+    let (regions, barred): (Vec<String>, Vec<String>) =
+        regions.into_iter().partition(|g| shared.links.peer(g).is_some_and(|p| p.allows(&r.tenant)));
+    let mut holdings = Vec::new();
+    for region in barred {
+        shared.metrics.tenant_denied_fetch.inc();
+        let note = format!("{region} not asked: peers[].tenants does not name this tenant");
+        holdings.push(Holding { region, reachable: false, note, ..Default::default() });
+    }
     // Ask the candidates concurrently; bound the wait so a dead region still leaves time to act.
     let ask_until =
         Instant::now() + (deadline.saturating_duration_since(Instant::now()) / 3).min(Duration::from_secs(3));
@@ -356,11 +377,12 @@ pub async fn prepare_with(
     }
     let mut answers = Vec::new();
     let mut notes = Vec::new();
-    let mut holdings = Vec::new();
     for a in asks {
         let Ok((region, res)) = a.await else { continue };
         match res {
             Ok(h) => answers.push((region, h.blocks_held, h.load)),
+            // The named source refused the tenant by its policy: the request's answer.
+            Err(e @ DaemonError::Denied(..)) if region == r.source_region => return Err(e),
             Err(e) => {
                 let note = e.reason().to_owned();
                 holdings.push(Holding { region, reachable: false, note: note.clone(), ..Default::default() });
@@ -380,6 +402,16 @@ pub async fn prepare_with(
         p.source_note = Some(notes.join("; "));
     }
     Ok(p)
+}
+
+/// PERMISSION_DENIED for a request naming `region` as its source for `tenant` when
+/// `peers[].tenants` of that peer does not name the tenant.
+pub fn tenant_not_allowed(region: &str, tenant: &str) -> DaemonError {
+    DaemonError::denied(
+        Origin::Request,
+        Denial::TenantNotAllowedForPeer,
+        format!("this region does not exchange tenant {tenant:?}'s blocks with {region} (peers[].tenants)"),
+    )
 }
 
 /// Ranks the holders that answered by how soon each would make the prefix ready here
@@ -677,6 +709,7 @@ pub fn engine_calibration(
     engine_id: &str,
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
+    (split_interference, split_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
     kvferry_proto::v1::EngineCalibration {
         engine_id: engine_id.to_owned(),
@@ -688,6 +721,8 @@ pub fn engine_calibration(
         reported_linear_s_per_token: reported.linear_s_per_token,
         reported_attention_s_per_pair: reported.attention_s_per_pair,
         load_factor: e.load_factor,
+        split_interference,
+        split_samples: split_samples.min(u64::from(u32::MAX)) as u32,
     }
 }
 

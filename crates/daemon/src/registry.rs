@@ -171,6 +171,30 @@ impl BlockIndex {
     }
 }
 
+/// What a migration asks of the engine that will serve it (empty strings and `None` match any).
+#[derive(Debug, Clone, Copy)]
+pub struct TargetFilter<'a> {
+    pub engine_id: &'a str,
+    pub model_id: &'a str,
+    pub digest: Option<&'a [u8; 32]>,
+}
+
+/// The rule choosing the engine that serves a migration, over plain facts per registered engine
+/// `(engine id, model id, layout digest, attached)`: among those the filter admits, an attached
+/// one first, then the lowest engine id (deterministic). The index into `engines`, or `None`.
+pub fn choose_target(want: &TargetFilter<'_>, engines: &[(&str, &str, &[u8; 32], bool)]) -> Option<usize> {
+    engines
+        .iter()
+        .enumerate()
+        .filter(|(_, (id, model, digest, _))| {
+            (want.engine_id.is_empty() || *id == want.engine_id)
+                && (want.model_id.is_empty() || *model == want.model_id)
+                && want.digest.is_none_or(|d| d == *digest)
+        })
+        .min_by_key(|(_, (id, _, _, attached))| (!attached, *id))
+        .map(|(i, _)| i)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +232,30 @@ mod tests {
         assert!(ix.store([3; 32], 9, "t", 10), "completed in the step that reused it");
         assert!(ix.store([4; 32], 9, "t", 11));
         assert!(ix.store([5; 32], 9, "t", 0), "unordered stores always apply");
+    }
+
+    #[test]
+    fn target_rule_prefers_attached_then_lowest_id_within_the_filter() {
+        let (d1, d2) = ([1u8; 32], [2u8; 32]);
+        let engines = [
+            ("e2", "m", &d1, true),
+            ("e1", "m", &d1, false),
+            ("e3", "other", &d2, true),
+            ("e0", "m", &d1, true),
+        ];
+        let any = TargetFilter { engine_id: "", model_id: "", digest: None };
+        assert_eq!(choose_target(&any, &engines), Some(3), "attached e0 before attached e2 and detached e1");
+        let m = TargetFilter { model_id: "other", ..any };
+        assert_eq!(choose_target(&m, &engines), Some(2));
+        let by_id = TargetFilter { engine_id: "e1", ..any };
+        assert_eq!(choose_target(&by_id, &engines), Some(1), "a named engine is served even detached");
+        let by_digest = TargetFilter { digest: Some(&d2), ..any };
+        assert_eq!(choose_target(&by_digest, &engines), Some(2));
+        let none = TargetFilter { engine_id: "e3", model_id: "m", digest: None };
+        assert_eq!(choose_target(&none, &engines), None, "every field must match");
+        assert_eq!(choose_target(&any, &[]), None);
+        let detached = [("b", "m", &d1, false), ("a", "m", &d1, false)];
+        assert_eq!(choose_target(&any, &detached), Some(1), "lowest id among detached");
     }
 }
 
@@ -300,14 +348,12 @@ impl Registry {
         model_id: &str,
         digest: Option<&[u8; 32]>,
     ) -> Option<Arc<EngineEntry>> {
+        let want = TargetFilter { engine_id, model_id, digest };
         let all = self.all();
-        let mut c: Vec<_> = all
-            .into_iter()
-            .filter(|e| engine_id.is_empty() || e.engine_id == engine_id)
-            .filter(|e| model_id.is_empty() || e.model_id == model_id)
-            .filter(|e| digest.is_none_or(|d| *d == e.digest))
+        let facts: Vec<_> = all
+            .iter()
+            .map(|e| (e.engine_id.as_str(), e.model_id.as_str(), &e.digest, e.attached()))
             .collect();
-        c.sort_by_key(|e| (!e.attached(), e.engine_id.clone()));
-        c.into_iter().next()
+        choose_target(&want, &facts).map(|i| all[i].clone())
     }
 }

@@ -202,7 +202,10 @@ impl Migration for MigrationService {
             .calib
             .engines()
             .iter()
-            .map(|(id, reported, e)| engine_calibration(id, *reported, e))
+            .map(|(id, reported, e)| {
+                let split = self.shared.calib.split_state(id, self.shared.config.policy.split_interference);
+                engine_calibration(id, *reported, e, split)
+            })
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
     }

@@ -139,19 +139,8 @@ async fn a_lease_never_attached_expires_as_announced() {
     assert!(Config::parse("[limits]\nattach_grace_ms = 0").is_err(), "0 must not mean forever");
     let d = common::start(&cfg).await;
     let maps0 = memfd_maps();
-    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
-    let pool = ShmPool::create(layout).unwrap();
-    let (token, stream) =
-        tokio::task::block_in_place(|| share_pool(&cfg.run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
+    let (pool, stream, resp) = register_shm_answer(&cfg, "e0", common::spec()).await;
     let mut client = common::engine_client(&cfg).await;
-    let reg = Registration {
-        engine_id: "e0".into(),
-        model_id: "m".into(),
-        layout: common::spec(),
-        access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
-        profile: Some(common::profile()),
-    };
-    let resp = register(&mut client, &reg).await.unwrap();
     assert_eq!(resp.lease_ttl_ms, 500);
     drop((pool, stream));
     let t0 = Instant::now();
@@ -536,6 +525,7 @@ async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
         gbps: 1.0,
         rtt_ms: 1.0,
         max_egress_gbps: cap,
+        tenants: None,
     };
     // B's peer address is only known once A runs, and A's allow-list needs B's: start B once
     // for its address... both listen on fixed free ports instead.

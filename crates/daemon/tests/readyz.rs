@@ -7,9 +7,7 @@ use std::time::{Duration, Instant};
 
 use kvferry_daemon::config::Peer;
 use kvferry_daemon::{Config, Daemon};
-use kvferry_engine_node::daemon::{EventSink, Registration, register, share_pool};
-use kvferry_engine_sdk::ShmPool;
-use kvferry_proto::v1::{ShmAccess, register_pool_request};
+use kvferry_engine_node::daemon::EventSink;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -20,7 +18,7 @@ fn config(dir: &std::path::Path, region: &str, peers: Vec<Peer>) -> Config {
 }
 
 fn peer(region: &str, addr: SocketAddr) -> Peer {
-    Peer { region: region.into(), addr, gbps: 1.0, rtt_ms: 1.0, max_egress_gbps: 0.0 }
+    Peer { region: region.into(), addr, gbps: 1.0, rtt_ms: 1.0, max_egress_gbps: 0.0, tenants: None }
 }
 
 /// GET `path`: (status code, body).
@@ -55,20 +53,9 @@ async fn readiness_reports_listeners_engines_and_peers_separately() {
     assert!(t0.elapsed() < Duration::from_secs(5), "the dial is bounded: {:?}", t0.elapsed());
 
     // An engine registers a shm pool and attaches: the engines check passes.
-    let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
-    let pool = ShmPool::create(layout).unwrap();
-    let run_dir = b.shared.config.run_dir.clone();
-    let (token, _pool_stream) =
-        tokio::task::block_in_place(|| share_pool(&run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
+    let (_pool, _pool_stream, lease) =
+        common::abuse::register_shm(&b.shared.config, "e0", common::spec()).await;
     let mut client = common::engine_client(&b.shared.config).await;
-    let reg = Registration {
-        engine_id: "e0".into(),
-        model_id: "m".into(),
-        layout: common::spec(),
-        access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
-        profile: Some(common::profile()),
-    };
-    let lease = register(&mut client, &reg).await.unwrap().lease_id;
     let (code, body) = get(b.http_addr, "/readyz/engines").await;
     assert_eq!((code, body.lines().nth(2)), (503, Some("engines: 1 registered, 0 attached")), "{body}");
     let (events, rx) = EventSink::new(lease);

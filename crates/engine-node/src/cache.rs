@@ -4,20 +4,28 @@
 //! or loaded from the daemon join it when the request ends; a second request with the same
 //! prefix then reuses those blocks instead of computing or loading them.
 //!
+//! Each entry remembers its tenant, so the whole cache can be published again
+//! ([`PrefixCache::held`]) to a daemon that restarted and lost its index.
+//!
 //! Pure bookkeeping over ids: it never touches pool bytes and never owns the free list (the
 //! core's allocator does). A block id is in exactly one of three places: free (core
 //! allocator), owned by one running request, or here.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use kvferry_layout::BlockHash;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Entry {
     hash: BlockHash,
+    tenant: Arc<str>,
     refs: u32,
     tick: u64,
 }
+
+/// One tenant's cached blocks: the tenant and its (hash, block id) pairs.
+pub type TenantBlocks = (Arc<str>, Vec<(BlockHash, u32)>);
 
 /// Hash → block, refcounts and LRU. See the module doc.
 #[derive(Debug, Default)]
@@ -98,18 +106,33 @@ impl PrefixCache {
         true
     }
 
-    /// Offers `block` (which holds the K/V keyed by `hash` and is owned by the caller) to the
-    /// cache, unreferenced and most recently used. Returns false when `hash` is already cached
-    /// in another block: the caller keeps `block` (and should free it).
-    pub fn insert(&mut self, hash: BlockHash, block: u32) -> bool {
+    /// Offers `block` (which holds `tenant`'s K/V keyed by `hash` and is owned by the caller)
+    /// to the cache, unreferenced and most recently used. Returns false when `hash` is already
+    /// cached in another block: the caller keeps `block` (and should free it).
+    pub fn insert(&mut self, tenant: &str, hash: BlockHash, block: u32) -> bool {
         if self.by_hash.contains_key(&hash) || self.entries.contains_key(&block) {
             return false;
         }
         let tick = self.next_tick();
         self.by_hash.insert(hash, block);
-        self.entries.insert(block, Entry { hash, refs: 0, tick });
+        self.entries.insert(block, Entry { hash, tenant: Arc::from(tenant), refs: 0, tick });
         self.lru.insert((tick, block));
         true
+    }
+
+    /// Every cached block, grouped by tenant (tenants in name order, blocks by id): what a
+    /// re-attached engine publishes again.
+    pub fn held(&self) -> Vec<TenantBlocks> {
+        let mut by: std::collections::BTreeMap<Arc<str>, Vec<(BlockHash, u32)>> = Default::default();
+        for (&b, e) in &self.entries {
+            by.entry(e.tenant.clone()).or_default().push((e.hash, b));
+        }
+        by.into_iter()
+            .map(|(t, mut v)| {
+                v.sort_by_key(|&(_, b)| b);
+                (t, v)
+            })
+            .collect()
     }
 
     fn remove(&mut self, block: u32) -> Option<(u32, BlockHash)> {
@@ -149,9 +172,9 @@ mod tests {
     #[test]
     fn prefix_hits_stop_at_the_first_miss_and_take_references() {
         let mut c = PrefixCache::new();
-        assert!(c.insert(h(1), 10));
-        assert!(c.insert(h(2), 11));
-        assert!(c.insert(h(4), 13));
+        assert!(c.insert("t", h(1), 10));
+        assert!(c.insert("t", h(2), 11));
+        assert!(c.insert("t", h(4), 13));
         assert_eq!(c.acquire_prefix(&[h(1), h(2), h(3), h(4)]), vec![10, 11]);
         assert_eq!(c.refs(10), Some(1));
         assert_eq!(c.evictable(), 1);
@@ -169,10 +192,10 @@ mod tests {
     fn lru_order_follows_release_order_and_duplicates_are_refused() {
         let mut c = PrefixCache::new();
         for (i, b) in [(1, 1), (2, 2), (3, 3)] {
-            assert!(c.insert(h(i), b));
+            assert!(c.insert("t", h(i), b));
         }
-        assert!(!c.insert(h(2), 7), "hash already cached elsewhere");
-        assert!(!c.insert(h(9), 3), "block already cached");
+        assert!(!c.insert("t", h(2), 7), "hash already cached elsewhere");
+        assert!(!c.insert("t", h(9), 3), "block already cached");
         // Use 1 again: it becomes the most recent.
         assert_eq!(c.acquire_prefix(&[h(1)]), vec![1]);
         c.release(1);
@@ -182,5 +205,23 @@ mod tests {
         assert_eq!(c.evict_hashes(&[h(1), h(5)]), vec![(1, h(1))]);
         assert!(c.is_empty());
         assert_eq!(c.len(), 0);
+    }
+
+    #[test]
+    fn held_lists_every_cached_block_by_tenant_referenced_or_not() {
+        let mut c = PrefixCache::new();
+        assert!(c.insert("b", h(1), 7));
+        assert!(c.insert("a", h(2), 9));
+        assert!(c.insert("a", h(3), 4));
+        assert_eq!(c.acquire_prefix(&[h(2)]), vec![9]);
+        let held: Vec<(String, Vec<(BlockHash, u32)>)> =
+            c.held().into_iter().map(|(t, v)| (t.to_string(), v)).collect();
+        assert_eq!(
+            held,
+            vec![("a".to_owned(), vec![(h(3), 4), (h(2), 9)]), ("b".to_owned(), vec![(h(1), 7)])]
+        );
+        c.evict_lru(1);
+        assert_eq!(c.held().iter().map(|(_, v)| v.len()).sum::<usize>(), 2);
+        assert!(PrefixCache::new().held().is_empty());
     }
 }

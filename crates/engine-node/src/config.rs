@@ -39,6 +39,49 @@ pub struct NodeConfig {
     pub rpc_timeout: Duration,
     /// How the daemon reaches the pool's memory.
     pub pool: PoolAccess,
+    /// What the node does when its daemon goes away (restart, crash): register again.
+    pub reconnect: ReconnectPolicy,
+}
+
+/// How an engine whose daemon went away registers again: attempts after
+/// [`ReconnectPolicy::backoff`], until one succeeds or `give_up_after` has passed since the
+/// daemon went away (then the node stops with `NodeError::DaemonGone`). A zero
+/// `give_up_after` stops at once, as engines did before they could reconnect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReconnectPolicy {
+    /// Wait before the first attempt.
+    pub initial_backoff: Duration,
+    /// Longest wait between attempts (the wait doubles up to it).
+    pub max_backoff: Duration,
+    /// How long to keep trying.
+    pub give_up_after: Duration,
+}
+
+impl Default for ReconnectPolicy {
+    /// 100 ms, doubling to 2 s, for 5 minutes.
+    fn default() -> Self {
+        ReconnectPolicy {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(2),
+            give_up_after: Duration::from_secs(300),
+        }
+    }
+}
+
+impl ReconnectPolicy {
+    /// Never reconnect: the node stops when its daemon goes away.
+    pub const NEVER: ReconnectPolicy = ReconnectPolicy {
+        initial_backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+        give_up_after: Duration::ZERO,
+    };
+
+    /// The wait before attempt `attempt` (0-based): `initial_backoff × 2^attempt`, at most
+    /// `max_backoff`.
+    pub fn backoff(&self, attempt: u32) -> Duration {
+        let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
+        self.initial_backoff.saturating_mul(factor).min(self.max_backoff)
+    }
 }
 
 /// How the engine hands its pool to the daemon (`--pool`).
@@ -89,6 +132,7 @@ impl NodeConfig {
             profile_scale: 1.0,
             rpc_timeout: Duration::from_secs(30),
             pool: PoolAccess::Shm,
+            reconnect: ReconnectPolicy::default(),
         }
     }
 
@@ -132,6 +176,12 @@ impl NodeConfig {
         }
         if self.load_report_interval.is_zero() || self.rpc_timeout.is_zero() {
             return Err(NodeError::Config("intervals must be positive".into()));
+        }
+        let r = &self.reconnect;
+        if !r.give_up_after.is_zero() && (r.initial_backoff.is_zero() || r.max_backoff < r.initial_backoff) {
+            return Err(NodeError::Config(
+                "reconnect backoff must be positive and at most its maximum".into(),
+            ));
         }
         if self.profile.repeats == 0 || self.profile.chunk == 0 {
             return Err(NodeError::Config("profile needs repeats > 0 and chunk > 0".into()));
@@ -213,6 +263,11 @@ pub struct EngineArgs {
     /// registered with the engine's NIXL agent; needs NIXL, see deploy/install-nixl.sh).
     #[arg(long, value_enum, default_value_t = PoolAccess::Shm)]
     pub pool: PoolAccess,
+    /// Seconds the engine keeps trying to register again after its daemon went away (restart,
+    /// crash), with backoff from 100 ms to 2 s; its cache is published again once it is back.
+    /// 0: exit when the daemon goes away.
+    #[arg(long, default_value_t = 300.0)]
+    pub daemon_reconnect_s: f64,
 }
 
 impl EngineArgs {
@@ -220,6 +275,9 @@ impl EngineArgs {
     pub fn into_config(self) -> Result<NodeConfig, NodeError> {
         if !(self.load_report_s.is_finite() && self.load_report_s > 0.0) {
             return Err(NodeError::Config("--load-report-s must be a positive number".into()));
+        }
+        if !(self.daemon_reconnect_s.is_finite() && (0.0..=1e9).contains(&self.daemon_reconnect_s)) {
+            return Err(NodeError::Config("--daemon-reconnect-s must be a number of seconds >= 0".into()));
         }
         let control = self.control.unwrap_or_else(|| self.run_dir.join(format!("{}.sock", self.engine_id)));
         let mut cfg = NodeConfig::new(self.run_dir, self.engine_id, control);
@@ -240,6 +298,14 @@ impl EngineArgs {
         cfg.load_report_interval = Duration::from_secs_f64(self.load_report_s);
         cfg.pool = self.pool;
         cfg.profile_scale = self.profile_scale;
+        cfg.reconnect = if self.daemon_reconnect_s == 0.0 {
+            ReconnectPolicy::NEVER
+        } else {
+            ReconnectPolicy {
+                give_up_after: Duration::from_secs_f64(self.daemon_reconnect_s),
+                ..Default::default()
+            }
+        };
         cfg.validate()?;
         Ok(cfg)
     }
@@ -276,6 +342,34 @@ mod tests {
         assert!(matches!(bad.engine.into_config(), Err(NodeError::Config(_))));
         let zero = Cli::try_parse_from(["x", "--run-dir", "/r", "--num-blocks", "0"]).unwrap();
         assert!(matches!(zero.engine.into_config(), Err(NodeError::Config(_))));
+    }
+
+    #[test]
+    fn reconnect_backoff_doubles_to_its_cap_and_the_flag_sets_the_bound() {
+        let p = ReconnectPolicy::default();
+        let ms = |a| p.backoff(a).as_millis();
+        assert_eq!(
+            (ms(0), ms(1), ms(2), ms(4), ms(5), ms(40), ms(u32::MAX)),
+            (100, 200, 400, 1600, 2000, 2000, 2000)
+        );
+        let cfg = |v: &str| Cli::try_parse_from(["x", "--run-dir", "/r", "--daemon-reconnect-s", v]).unwrap();
+        assert_eq!(cfg("0").engine.into_config().unwrap().reconnect, ReconnectPolicy::NEVER);
+        assert_eq!(
+            cfg("7.5").engine.into_config().unwrap().reconnect.give_up_after,
+            Duration::from_millis(7500)
+        );
+        let default = Cli::try_parse_from(["x", "--run-dir", "/r"]).unwrap().engine.into_config().unwrap();
+        assert_eq!(default.reconnect, ReconnectPolicy::default());
+        for bad in ["-1", "nan", "inf"] {
+            let c = Cli::try_parse_from(["x", "--run-dir", "/r", "--daemon-reconnect-s", bad]);
+            assert!(
+                c.is_err() || matches!(c.unwrap().engine.into_config(), Err(NodeError::Config(_))),
+                "{bad}"
+            );
+        }
+        let mut zero_wait = NodeConfig::new("/r", "e", "/r/e.sock");
+        zero_wait.reconnect.initial_backoff = Duration::ZERO;
+        assert!(matches!(zero_wait.validate(), Err(NodeError::Config(_))));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
@@ -120,9 +121,16 @@ pub async fn register(
 }
 
 /// Engine → daemon events on the Attach stream; every event names the lease. Sending never
-/// blocks (the stream is unbounded); after the stream is gone events are dropped.
+/// blocks (the stream is unbounded); after the stream is gone events are dropped. Clones share
+/// one binding: [`EventSink::rebind`] moves every clone onto a new lease and stream at once
+/// (after the daemon restarted and the engine registered again).
 #[derive(Debug, Clone)]
 pub struct EventSink {
+    bound: Arc<Mutex<Bound>>,
+}
+
+#[derive(Debug)]
+struct Bound {
     lease_id: String,
     tx: mpsc::UnboundedSender<EngineEvent>,
 }
@@ -131,16 +139,25 @@ impl EventSink {
     /// A sink for `lease_id` and the receiving end to pass to `Engine.Attach`.
     pub fn new(lease_id: String) -> (Self, mpsc::UnboundedReceiver<EngineEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (EventSink { lease_id, tx }, rx)
+        (EventSink { bound: Arc::new(Mutex::new(Bound { lease_id, tx })) }, rx)
     }
 
-    /// The lease.
-    pub fn lease_id(&self) -> &str {
-        &self.lease_id
+    /// Binds every clone to `lease_id` and a fresh stream, returned for the new `Attach`; the
+    /// old stream ends (its sender is dropped).
+    pub fn rebind(&self, lease_id: String) -> mpsc::UnboundedReceiver<EngineEvent> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        *self.bound.lock().unwrap_or_else(|p| p.into_inner()) = Bound { lease_id, tx };
+        rx
+    }
+
+    /// The lease the sink is bound to now.
+    pub fn lease_id(&self) -> String {
+        self.bound.lock().unwrap_or_else(|p| p.into_inner()).lease_id.clone()
     }
 
     fn send(&self, event: Event) {
-        let _ = self.tx.send(EngineEvent { lease_id: self.lease_id.clone(), event: Some(event) });
+        let b = self.bound.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = b.tx.send(EngineEvent { lease_id: b.lease_id.clone(), event: Some(event) });
     }
 
     /// Full blocks now held in the engine's pool.

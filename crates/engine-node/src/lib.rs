@@ -26,7 +26,7 @@ mod service;
 pub mod worker;
 
 pub use cache::PrefixCache;
-pub use config::{EngineArgs, KvDtypeArg, NodeConfig, PoolAccess, default_model};
+pub use config::{EngineArgs, KvDtypeArg, NodeConfig, PoolAccess, ReconnectPolicy, default_model};
 pub use error::NodeError;
 pub use memory::ShmKvMemory;
 pub use node::{EngineNode, NodeInfo, build_engine, nixl_agent_name, run};

@@ -6,6 +6,7 @@
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvferry_engine::{Engine, KvLayout, PrefillProfile as CoreProfile};
@@ -13,13 +14,16 @@ use kvferry_layout::BlockHash;
 use kvferry_proto::v1::daemon_command::Command;
 use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::reference_engine_server::ReferenceEngineServer;
-use kvferry_proto::v1::{DaemonCommand, NixlAccess, PoolLayoutSpec, ShmAccess, register_pool_request};
+use kvferry_proto::v1::{
+    DaemonCommand, NixlAccess, PoolLayoutSpec, RegisterPoolResponse, ShmAccess, register_pool_request,
+};
 use tokio::net::UnixListener;
 use tokio::runtime::Handle;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::{UnboundedReceiverStream, UnixListenerStream};
 use tonic::Streaming;
+use tonic::transport::Channel;
 
 use crate::config::{EngineArgs, NodeConfig, PoolAccess};
 use crate::daemon::{EventSink, Registration, connect_uds, engine_socket, profile_msg, register, share_pool};
@@ -47,11 +51,16 @@ pub struct NodeInfo {
     pub profile: Option<CoreProfile>,
 }
 
-/// A running reference engine. Stop it with [`EngineNode::shutdown`] and [`EngineNode::wait`];
-/// `wait` also returns (with [`NodeError::DaemonGone`]) when the daemon goes away.
+/// A running reference engine. Stop it with [`EngineNode::shutdown`] and [`EngineNode::wait`].
+/// When the daemon goes away (its Attach stream ends) the node keeps serving and registers
+/// again once the daemon is back (`NodeConfig::reconnect`): new pool offer, new lease, a new
+/// Attach stream, and every cached block published again. `wait` returns
+/// [`NodeError::DaemonGone`] only when the daemon stays away past the policy's bound.
 #[derive(Debug)]
 pub struct EngineNode {
     info: NodeInfo,
+    events: EventSink,
+    reconnects: Arc<AtomicU64>,
     stop: watch::Sender<bool>,
     main: Option<JoinHandle<Result<(), NodeError>>>,
 }
@@ -187,13 +196,6 @@ impl EngineNode {
         let built =
             built_rx.await.map_err(|_| NodeError::WorkerGone("the worker died while starting".into()))??;
 
-        let run_dir = cfg.run_dir.display().to_string();
-        let reg_err = |detail: String| NodeError::Register { run_dir: run_dir.clone(), detail };
-        let sock = engine_socket(&cfg.run_dir);
-        let channel =
-            within(cfg.rpc_timeout, &format!("connect {}", sock.display()), connect_uds(&sock), reg_err)
-                .await?;
-        let mut client = EngineClient::new(channel);
         let reg = Registration {
             engine_id: cfg.engine_id.clone(),
             model_id: model_id.clone(),
@@ -201,24 +203,21 @@ impl EngineNode {
             access: built.access,
             profile: profile_msg(built.profile.as_ref(), cfg.profile_scale),
         };
-        let resp = within(cfg.rpc_timeout, "RegisterPool", register(&mut client, &reg), reg_err).await?;
+        let (client, resp) = connect_and_register(&cfg, &reg).await?;
         if resp.layout_fingerprint.len() == 32 && resp.layout_fingerprint != built.local_fingerprint {
             tracing::warn!("the daemon's layout fingerprint differs from our digest of the same layout");
         }
         let (events, events_rx) = EventSink::new(resp.lease_id.clone());
-        // The first event names the lease.
-        events.load(0, 0.0, reg.profile);
-        let attach = client.attach(UnboundedReceiverStream::new(events_rx));
-        let commands = within(cfg.rpc_timeout, "Attach", attach, reg_err).await?.into_inner();
+        let commands = attach(&cfg, &client, &events, events_rx, reg.profile).await?;
         let (jobs, jobs_rx) = JobQueue::new(shared.clone());
         let link = DaemonLink {
-            client,
+            client: Arc::new(std::sync::Mutex::new(client)),
             events: events.clone(),
             handle: Handle::current(),
             timeout: cfg.rpc_timeout,
         };
         link_tx
-            .send((link, jobs_rx))
+            .send((link.clone(), jobs_rx))
             .map_err(|_| NodeError::WorkerGone("the worker died while starting".into()))?;
 
         let listener = bind_control(&cfg.control)?;
@@ -230,7 +229,12 @@ impl EngineNode {
                     let _ = server_stop_rx.await;
                 }),
         );
-        let reporter = tokio::spawn(report_load(events, shared, cfg.load_report_interval, cfg.profile_scale));
+        let reporter = tokio::spawn(report_load(
+            events.clone(),
+            shared.clone(),
+            cfg.load_report_interval,
+            cfg.profile_scale,
+        ));
         let info = NodeInfo {
             engine_id: cfg.engine_id.clone(),
             model_id,
@@ -242,7 +246,13 @@ impl EngineNode {
         };
         tracing::info!(engine = %info.engine_id, lease = %info.lease_id, control = %info.control.display(), "engine ready");
         let (stop, stop_rx) = watch::channel(false);
+        let reconnects = Arc::new(AtomicU64::new(0));
         let parts = Parts {
+            cfg: cfg.clone(),
+            reg,
+            link,
+            shared,
+            reconnects: reconnects.clone(),
             stop_rx,
             commands,
             jobs,
@@ -253,12 +263,22 @@ impl EngineNode {
             pool_stream: built.pool_stream,
             control: cfg.control,
         };
-        Ok(EngineNode { info, stop, main: Some(tokio::spawn(supervise(parts))) })
+        Ok(EngineNode { info, events, reconnects, stop, main: Some(tokio::spawn(supervise(parts))) })
     }
 
-    /// What this node registered as.
+    /// What this node registered as at start (its first lease; see [`EngineNode::lease_id`]).
     pub fn info(&self) -> &NodeInfo {
         &self.info
+    }
+
+    /// The lease held now: a new one after each re-registration with a restarted daemon.
+    pub fn lease_id(&self) -> String {
+        self.events.lease_id()
+    }
+
+    /// How many times the node registered again after its daemon went away.
+    pub fn reconnects(&self) -> u64 {
+        self.reconnects.load(Ordering::Relaxed)
     }
 
     /// Asks the node to stop (in-flight Generate calls finish first).
@@ -284,6 +304,13 @@ impl Drop for EngineNode {
 }
 
 struct Parts {
+    cfg: NodeConfig,
+    /// The registration, sent again (with a fresh pool token and profile) on reconnect.
+    reg: Registration,
+    /// The worker's link (its client is replaced on reconnect; its sink is rebound).
+    link: DaemonLink,
+    shared: Arc<Shared>,
+    reconnects: Arc<AtomicU64>,
     stop_rx: watch::Receiver<bool>,
     commands: Streaming<DaemonCommand>,
     jobs: JobQueue,
@@ -336,8 +363,16 @@ async fn supervise(mut p: Parts) -> Result<(), NodeError> {
                         break Err(e);
                     }
                 }
-                Ok(None) => break Err(NodeError::DaemonGone("it closed the Attach stream".into())),
-                Err(status) => break Err(NodeError::DaemonGone(format!("Attach stream failed: {status}"))),
+                Ok(None) => match reconnect(&mut p, "it closed the Attach stream".into()).await {
+                    Ok(true) => continue,
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(e),
+                },
+                Err(status) => match reconnect(&mut p, format!("Attach stream failed: {status}")).await {
+                    Ok(true) => continue,
+                    Ok(false) => break Ok(()),
+                    Err(e) => break Err(e),
+                },
             },
             r = &mut p.server => {
                 let detail = match r {
@@ -367,6 +402,104 @@ async fn supervise(mut p: Parts) -> Result<(), NodeError> {
     let _ = std::fs::remove_file(&p.control);
     drop(p.pool_stream);
     outcome
+}
+
+/// Connects to the daemon's Engine API and registers the pool (a shm pool is offered over
+/// `pool.sock` first, by the caller at start and by [`reattach`] on reconnect).
+async fn connect_and_register(
+    cfg: &NodeConfig,
+    reg: &Registration,
+) -> Result<(EngineClient<Channel>, RegisterPoolResponse), NodeError> {
+    let run_dir = cfg.run_dir.display().to_string();
+    let reg_err = |detail: String| NodeError::Register { run_dir: run_dir.clone(), detail };
+    let sock = engine_socket(&cfg.run_dir);
+    let channel =
+        within(cfg.rpc_timeout, &format!("connect {}", sock.display()), connect_uds(&sock), reg_err).await?;
+    let mut client = EngineClient::new(channel);
+    let resp = within(cfg.rpc_timeout, "RegisterPool", register(&mut client, reg), reg_err).await?;
+    Ok((client, resp))
+}
+
+/// Opens the Attach stream for the lease `events` is bound to; its first event (a load
+/// report) names the lease.
+async fn attach(
+    cfg: &NodeConfig,
+    client: &EngineClient<Channel>,
+    events: &EventSink,
+    rx: tokio::sync::mpsc::UnboundedReceiver<kvferry_proto::v1::EngineEvent>,
+    profile: Option<kvferry_proto::v1::PrefillProfile>,
+) -> Result<Streaming<DaemonCommand>, NodeError> {
+    let run_dir = cfg.run_dir.display().to_string();
+    let reg_err = |detail: String| NodeError::Register { run_dir: run_dir.clone(), detail };
+    events.load(0, 0.0, profile);
+    let mut client = client.clone();
+    let attach = client.attach(UnboundedReceiverStream::new(rx));
+    Ok(within(cfg.rpc_timeout, "Attach", attach, reg_err).await?.into_inner())
+}
+
+/// The daemon went away (`why`): tries to register again with backoff
+/// ([`ReconnectPolicy::backoff`]) until it succeeds (`Ok(true)`), the node is asked to stop
+/// (`Ok(false)`), or the policy's bound passes ([`NodeError::DaemonGone`]). Generate calls are
+/// served meanwhile (computed locally: Lookup and Load fail fast without a daemon).
+async fn reconnect(p: &mut Parts, why: String) -> Result<bool, NodeError> {
+    let policy = p.cfg.reconnect;
+    if policy.give_up_after.is_zero() {
+        return Err(NodeError::DaemonGone(why));
+    }
+    tracing::warn!(why, "the daemon went away; registering again when it is back");
+    let t0 = Instant::now();
+    let mut attempt = 0u32;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(policy.backoff(attempt)) => {}
+            changed = p.stop_rx.changed() => {
+                if changed.is_err() || *p.stop_rx.borrow() {
+                    return Ok(false);
+                }
+            }
+        }
+        attempt = attempt.saturating_add(1);
+        match reattach(p).await {
+            Ok(()) => return Ok(true),
+            Err(e) if t0.elapsed() >= policy.give_up_after => {
+                return Err(NodeError::DaemonGone(format!(
+                    "{why}; not back within {:?} ({attempt} attempts, last: {e})",
+                    policy.give_up_after
+                )));
+            }
+            Err(e) => tracing::debug!(attempt, error = %e, "daemon not back yet"),
+        }
+    }
+}
+
+/// One re-registration: the pool offered again (shm) or its NIXL descriptor sent again,
+/// `RegisterPool` (a new lease), the sink rebound to it, `Attach`, and every cached block
+/// published again (queued behind the worker's current job, so the republished set is the
+/// cache as of that point, and later events follow it on the same stream).
+async fn reattach(p: &mut Parts) -> Result<(), NodeError> {
+    let cfg = p.cfg.clone();
+    let pool_stream = match cfg.pool {
+        PoolAccess::Shm => {
+            let (pool_token, stream) =
+                p.jobs.share_pool(cfg.run_dir.clone(), cfg.model_id(), cfg.rpc_timeout).await?;
+            p.reg.access = register_pool_request::Access::Shm(ShmAccess { pool_token });
+            Some(stream)
+        }
+        PoolAccess::Nixl => None,
+    };
+    p.reg.profile =
+        profile_msg(p.shared.profile.lock().unwrap_or_else(|e| e.into_inner()).as_ref(), cfg.profile_scale);
+    let (client, resp) = connect_and_register(&cfg, &p.reg).await?;
+    let rx = p.link.events.rebind(resp.lease_id.clone());
+    p.commands = attach(&cfg, &client, &p.link.events, rx, p.reg.profile).await?;
+    p.link.set_client(client);
+    if let Some(s) = pool_stream {
+        p.pool_stream = Some(s);
+    }
+    p.jobs.submit(Job::Republish)?;
+    let n = p.reconnects.fetch_add(1, Ordering::Relaxed) + 1;
+    tracing::info!(lease = %resp.lease_id, reconnects = n, "registered again with the daemon");
+    Ok(())
 }
 
 async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration, scale: f64) {
@@ -407,7 +540,8 @@ async fn shutdown_signal() -> &'static str {
 }
 
 /// `kvferry engine`: starts the node from flags and runs it until SIGTERM/Ctrl-C (`Ok`) or
-/// until the daemon goes away ([`NodeError::DaemonGone`], whose message says so).
+/// until the daemon stays away past `--daemon-reconnect-s` ([`NodeError::DaemonGone`], whose
+/// message says so).
 pub async fn run(args: EngineArgs) -> Result<(), NodeError> {
     let cfg = args.into_config()?;
     let mut node = EngineNode::start(cfg).await?;

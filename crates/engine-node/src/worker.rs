@@ -57,6 +57,21 @@ pub enum Job {
         /// Where the answer goes.
         reply: oneshot::Sender<Result<PrefixDigestResponse, NodeError>>,
     },
+    /// Hand the shm pool to a (restarted) daemon over `pool.sock` again; the answer is the
+    /// new pool token and the stream to keep open.
+    SharePool {
+        /// The daemon's run directory.
+        run_dir: std::path::PathBuf,
+        /// Model id of the offer.
+        model_id: String,
+        /// Deadline for the daemon's token.
+        timeout: Duration,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<(String, std::os::unix::net::UnixStream), NodeError>>,
+    },
+    /// Publish every cached block again (`BlockStored`), after a re-registration: the daemon's
+    /// index of this engine starts empty.
+    Republish,
     /// Digest of the ready prefix's KV bytes.
     PrefixDigest {
         /// The prompt.
@@ -100,17 +115,30 @@ pub struct Shared {
 /// is incremental, so the chunks' K/V equal one pass's).
 pub const RECOMPUTE_CHUNK_TOKENS: usize = 4 * BLOCK_SIZE;
 
-/// The daemon side of the worker: client, lease, events, RPC deadline.
+/// The daemon side of the worker: client, lease, events, RPC deadline. Clones share the
+/// client, so a reconnect ([`DaemonLink::set_client`]) reaches the worker too.
 #[derive(Debug, Clone)]
 pub struct DaemonLink {
-    /// Engine API client.
-    pub client: EngineClient<Channel>,
+    /// Engine API client (replaced on reconnect).
+    pub client: Arc<Mutex<EngineClient<Channel>>>,
     /// Attach events (carries the lease id).
     pub events: EventSink,
     /// Runtime to run RPCs on.
     pub handle: Handle,
     /// Deadline per RPC.
     pub timeout: Duration,
+}
+
+impl DaemonLink {
+    /// The current client.
+    pub fn client(&self) -> EngineClient<Channel> {
+        self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Replaces the client (a new connection to a restarted daemon).
+    pub fn set_client(&self, c: EngineClient<Channel>) {
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = c;
+    }
 }
 
 /// The worker's state.
@@ -162,6 +190,11 @@ impl Worker {
                 Job::PrefixDigest { req, reply } => {
                     let _ = reply.send(self.prefix_digest(req));
                 }
+                Job::SharePool { run_dir, model_id, timeout, reply } => {
+                    let shm = self.engine.pool().memory().shm();
+                    let _ = reply.send(crate::daemon::share_pool(&run_dir, shm, &model_id, timeout));
+                }
+                Job::Republish => self.republish(),
                 Job::Evict(hashes) => {
                     let gone = self.cache.evict_hashes(&hashes);
                     self.free_evicted(gone);
@@ -179,6 +212,16 @@ impl Worker {
             }
         }
         tracing::debug!("engine worker: job queue closed, exiting");
+    }
+
+    /// Publishes every cached block again (each tenant's blocks in one `BlockStored`).
+    fn republish(&self) {
+        let held = self.cache.held();
+        let blocks: usize = held.iter().map(|(_, v)| v.len()).sum();
+        for (tenant, v) in &held {
+            self.link.events.stored(tenant, v);
+        }
+        tracing::info!(blocks, tenants = held.len(), "cached blocks published again");
     }
 
     fn free_evicted(&mut self, gone: Vec<(u32, BlockHash)>) {
@@ -219,11 +262,11 @@ impl Worker {
     /// against our own hashes; 0 when the daemon cannot say.
     fn lookup(&self, tenant: &str, tokens: &[u32], hashes: &[BlockHash]) -> usize {
         let req = LookupRequest {
-            lease_id: self.link.events.lease_id().to_owned(),
+            lease_id: self.link.events.lease_id(),
             tenant: tenant.to_owned(),
             token_ids: tokens.to_vec(),
         };
-        let mut client = self.link.client.clone();
+        let mut client = self.link.client();
         let timeout = self.link.timeout;
         // Futures are built inside the runtime context (timers need its driver).
         let res =
@@ -262,12 +305,12 @@ impl Worker {
     /// `Engine.Load` of `hashes` into `ids`; returns how many leading blocks are valid.
     fn load(&self, tenant: &str, hashes: &[BlockHash], ids: &[u32]) -> usize {
         let req = LoadRequest {
-            lease_id: self.link.events.lease_id().to_owned(),
+            lease_id: self.link.events.lease_id(),
             tenant: tenant.to_owned(),
             block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
             block_ids: ids.to_vec(),
         };
-        let mut client = self.link.client.clone();
+        let mut client = self.link.client();
         // The worker blocks here: no slice of the pool is live while the daemon writes.
         let timeout = self.link.timeout;
         match self.link.handle.block_on(async move { tokio::time::timeout(timeout, client.load(req)).await })
@@ -348,7 +391,7 @@ impl Worker {
         for (i, &b) in blocks.iter().enumerate().rev() {
             if i < shared {
                 self.cache.release(b);
-            } else if i < full && self.cache.insert(hashes[i], b) {
+            } else if i < full && self.cache.insert(tenant, hashes[i], b) {
                 stored.push((hashes[i], b));
             } else {
                 free.push(b);
@@ -578,6 +621,18 @@ impl JobQueue {
     pub async fn fill(&self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Fill { req, reply })?;
+        rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
+    }
+
+    /// Shares the shm pool with the daemon again (on the worker, which owns the pool).
+    pub async fn share_pool(
+        &self,
+        run_dir: std::path::PathBuf,
+        model_id: String,
+        timeout: Duration,
+    ) -> Result<(String, std::os::unix::net::UnixStream), NodeError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::SharePool { run_dir, model_id, timeout, reply })?;
         rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
     }
 

@@ -12,7 +12,7 @@ use fixture::{Call, FakeDaemon};
 use kvferry_engine::{Engine, KvLayout, ModelConfig, ProfileOptions};
 use kvferry_engine_node::daemon::connect_uds;
 use kvferry_engine_node::memory::pool_layout;
-use kvferry_engine_node::{EngineNode, NodeConfig, NodeError};
+use kvferry_engine_node::{EngineNode, NodeConfig, NodeError, ReconnectPolicy};
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{DaemonCommand, GenerateRequest, GenerateResponse, Recompute, daemon_command};
 use sha2::{Digest, Sha256};
@@ -66,6 +66,29 @@ fn prompt(n: usize, salt: u32) -> Vec<u32> {
 
 fn stored_blocks(calls: &[Call], lease: &str) -> usize {
     calls.iter().map(|c| matches!(c, Call::Stored { lease: l, .. } if l == lease) as usize).sum()
+}
+
+/// The daemon's `Recompute` command for `session`.
+fn recompute_cmd(session: &str, tokens: Vec<u32>) -> DaemonCommand {
+    DaemonCommand {
+        command: Some(daemon_command::Command::Recompute(Recompute {
+            session_id: session.into(),
+            tenant: "t".into(),
+            token_ids: tokens,
+        })),
+    }
+}
+
+/// Waits (up to `secs`) for `n` `RecomputeDone` answers and returns them in arrival order.
+async fn recompute_dones(d: &FakeDaemon, n: usize, secs: u64) -> Vec<kvferry_proto::v1::RecomputeDone> {
+    d.wait_for(secs, "RecomputeDone answers", |c| {
+        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == n
+    })
+    .await;
+    d.calls()
+        .into_iter()
+        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,24 +192,9 @@ async fn recompute_command_warms_the_cache_and_reports() {
     let mut a = EngineNode::start(config(&d, "a", 32)).await.unwrap();
     let la = a.info().lease_id.clone();
     let p = prompt(40, 5);
-    let cmd = |session: &str, tokens: Vec<u32>| DaemonCommand {
-        command: Some(daemon_command::Command::Recompute(Recompute {
-            session_id: session.into(),
-            tenant: "t".into(),
-            token_ids: tokens,
-        })),
-    };
-    d.send(&la, cmd("s1", p.clone())).await;
-    d.send(&la, cmd("bad", vec![1, 2, 9999])).await;
-    d.wait_for(10, "two RecomputeDone", |c| {
-        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == 2
-    })
-    .await;
-    let done: Vec<_> = d
-        .calls()
-        .into_iter()
-        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
-        .collect();
+    d.send(&la, recompute_cmd("s1", p.clone())).await;
+    d.send(&la, recompute_cmd("bad", vec![1, 2, 9999])).await;
+    let done = recompute_dones(&d, 2, 10).await;
     assert_eq!((done[0].session_id.as_str(), done[0].tokens, done[0].error.as_str()), ("s1", 32, ""));
     assert!(done[0].seconds > 0.0);
     assert_eq!(done[1].session_id, "bad");
@@ -237,11 +245,64 @@ async fn refused_pool_and_daemon_going_away() {
     assert!(matches!(&err, NodeError::Register { detail, .. } if detail.contains("refused")), "{err}");
     d.refuse_pools(false);
 
-    let mut a = EngineNode::start(config(&d, "a", 8)).await.unwrap();
+    // An engine told never to reconnect stops when its daemon goes away.
+    let mut cfg = config(&d, "a", 8);
+    cfg.reconnect = ReconnectPolicy::NEVER;
+    let mut a = EngineNode::start(cfg).await.unwrap();
     d.close_attach(&a.info().lease_id.clone());
     let r = tokio::time::timeout(std::time::Duration::from_secs(10), a.wait()).await.expect("node stops");
     assert!(matches!(r, Err(NodeError::DaemonGone(_))), "{r:?}");
     assert!(!a.info().control.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_daemon_went_away_registers_again_and_republishes_its_cache() {
+    let d = daemon().await;
+    let mut a = EngineNode::start(config(&d, "a", 64)).await.unwrap();
+    let la = a.info().lease_id.clone();
+    let mut ca = client(&a.info().control).await;
+    let p = prompt(70, 4);
+    let first = generate(&mut ca, "t1", &p, 5, true).await.unwrap();
+    generate(&mut ca, "t2", &prompt(40, 5), 1, true).await.unwrap();
+    d.wait_for(5, "A's BlockStored for both tenants", |c| {
+        c.iter()
+            .any(|c| matches!(c, Call::Stored { lease, tenant, blocks: 4 } if *lease == la && tenant == "t1"))
+            && c.iter()
+                .any(|c| matches!(c, Call::Stored { lease, tenant, .. } if *lease == la && tenant == "t2"))
+    })
+    .await;
+    let pools_before = d.calls().iter().filter(|c| matches!(c, Call::PoolShared { .. })).count();
+
+    // The daemon ends the lease's stream, as a restarting daemon does.
+    d.close_attach(&la);
+    d.wait_for(10, "a second registration of engine a and its cache published on the new lease", |c| {
+        let new: Vec<&String> = c
+            .iter()
+            .filter_map(|c| match c {
+                Call::Register { engine_id, lease, .. } if engine_id == "a" && *lease != la => Some(lease),
+                _ => None,
+            })
+            .collect();
+        new.iter().any(|nl| {
+            c.iter().any(|c| matches!(c, Call::Attach { lease } if lease == *nl))
+                && c.iter().any(|c| matches!(c, Call::Stored { lease, tenant, blocks: 4 } if lease == *nl && tenant == "t1"))
+                && c.iter().any(|c| matches!(c, Call::Stored { lease, tenant, blocks: 2 } if lease == *nl && tenant == "t2"))
+        })
+    })
+    .await;
+    let lb = a.lease_id();
+    assert_ne!(lb, la);
+    assert_eq!(a.reconnects(), 1);
+    // The pool was offered again over pool.sock (a new token for the new lease).
+    assert_eq!(d.calls().iter().filter(|c| matches!(c, Call::PoolShared { .. })).count(), pools_before + 1);
+    // The engine kept its cache and serves on: same answer, the prompt's blocks reused.
+    let again = generate(&mut ca, "t1", &p, 5, true).await.unwrap();
+    assert_eq!((again.new_tokens, again.logits_digest), (first.new_tokens, first.logits_digest));
+    assert_eq!(again.computed_tokens, 70 - 64);
+    // What it publishes from now on goes to the new lease; the daemon can absorb the cache.
+    assert_eq!(d.absorb(&lb), 6);
+    a.shutdown();
+    a.wait().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,13 +351,6 @@ async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     let d = daemon().await;
     let mut a = EngineNode::start(config(&d, "a", 256)).await.unwrap();
     let la = a.info().lease_id.clone();
-    let recompute = |session: &str, tokens: Vec<u32>| DaemonCommand {
-        command: Some(daemon_command::Command::Recompute(Recompute {
-            session_id: session.into(),
-            tenant: "t".into(),
-            token_ids: tokens,
-        })),
-    };
     let cancel = |session: &str| DaemonCommand {
         command: Some(daemon_command::Command::Cancel(kvferry_proto::v1::CancelRecompute {
             session_id: session.into(),
@@ -304,19 +358,11 @@ async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     };
     // A long recompute keeps the worker busy while the second one waits behind it, and the
     // second is cancelled before it starts (the three commands arrive back to back).
-    d.send(&la, recompute("long", prompt(3000, 7))).await;
-    d.send(&la, recompute("queued", prompt(64, 8))).await;
+    d.send(&la, recompute_cmd("long", prompt(3000, 7))).await;
+    d.send(&la, recompute_cmd("queued", prompt(64, 8))).await;
     d.send(&la, cancel("queued")).await;
     d.send(&la, cancel("unknown")).await;
-    d.wait_for(60, "two RecomputeDone", |c| {
-        c.iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count() == 2
-    })
-    .await;
-    let done: Vec<_> = d
-        .calls()
-        .into_iter()
-        .filter_map(|c| if let Call::RecomputeDone { done, .. } = c { Some(done) } else { None })
-        .collect();
+    let done = recompute_dones(&d, 2, 60).await;
     assert_eq!((done[0].session_id.as_str(), done[0].cancelled, done[0].tokens), ("long", false, 2992));
     assert_eq!((done[1].session_id.as_str(), done[1].cancelled, done[1].tokens), ("queued", true, 0));
     assert_eq!(done[1].error, "");

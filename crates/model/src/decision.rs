@@ -88,6 +88,10 @@ pub struct Policy {
     pub split_min_gain: f64,
     /// Split points are multiples of this many tokens (the engine's block size).
     pub split_granularity: u64,
+    /// Relative slowdown of each leg of a real split while the other runs on shared
+    /// resources (0: none; the daemon learns it from executed splits).
+    #[serde(default)]
+    pub split_interference: f64,
 }
 
 impl Default for Policy {
@@ -99,6 +103,7 @@ impl Default for Policy {
             split_overhead_s: 0.005,
             split_min_gain: 0.05,
             split_granularity: 16,
+            split_interference: 0.0,
         }
     }
 }
@@ -114,6 +119,7 @@ impl Policy {
             fraction("split_min_gain", self.split_min_gain)?;
         }
         count("split_granularity", self.split_granularity)?;
+        non_negative("split_interference", self.split_interference)?;
         Ok(())
     }
 }
@@ -283,6 +289,7 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
         compute_wait_s: compute_wait,
         fetch_wait_s: fetch_wait,
         overhead_s: policy.split_overhead_s,
+        interference: policy.split_interference,
     };
     let point = inputs.best();
     let best_pure = if fetch.feasible { fetch.seconds.min(recompute.seconds) } else { recompute.seconds };

@@ -4,9 +4,12 @@
 //! This is Cake's idea (Jin et al., "Compute Or Load KV Cache? Why Not Both?",
 //! arXiv 2410.03065): compute from the start of the prefix, load from its end, meet in the
 //! middle. The two legs use different resources (target GPU, WAN), so
-//! `time(k) = max(compute_wait + recompute(0..k), fetch_wait + fetch(P − k)) + overhead`,
-//! where the overhead (an extra scheduling round and the merge) applies only to a real split
-//! (0 < k < P). The compute leg only grows with `k` and the fetch leg only shrinks, so the
+//! `time(k) = max(compute_wait + (1 + i)·recompute(0..k), fetch_wait + (1 + i)·fetch(P − k)) +
+//! overhead`, where the overhead (an extra scheduling round and the merge) and the
+//! interference `i` apply only to a real split (0 < k < P). `i` is how much each leg slows the
+//! other when both run at once on shared resources (this host: CPU prefill and QUIC on the
+//! same two cores); 0 on separate ones. The daemon learns it from executed splits
+//! ([`crate::calibration::interference`]). The compute leg only grows with `k` and the fetch leg only shrinks, so the
 //! optimum sits where they cross: a binary search over the engine's block grid finds it in
 //! O(log P) evaluations, with no allocation.
 
@@ -36,6 +39,8 @@ pub struct SplitInputs<'a> {
     pub fetch_wait_s: f64,
     /// Fixed extra seconds paid by a real split.
     pub overhead_s: f64,
+    /// Relative slowdown of each leg of a real split while the other runs (≥ 0).
+    pub interference: f64,
 }
 
 /// One evaluated split point.
@@ -65,13 +70,15 @@ impl SplitInputs<'_> {
     pub fn evaluate(&self, k: u64) -> SplitPoint {
         let p = self.prefix_tokens;
         let k = k.min(p);
-        let compute_leg = if k == 0 { 0.0 } else { self.compute_wait_s + self.compute.recompute_seconds(k) };
+        let real = k > 0 && k < p;
+        let slow = if real { 1.0 + self.interference.max(0.0) } else { 1.0 };
+        let compute_leg =
+            if k == 0 { 0.0 } else { self.compute_wait_s + slow * self.compute.recompute_seconds(k) };
         let fetch_leg = if k == p {
             0.0
         } else {
-            self.fetch_wait_s + self.link.fetch_seconds(p - k, self.bytes_per_token)
+            self.fetch_wait_s + slow * self.link.fetch_seconds(p - k, self.bytes_per_token)
         };
-        let real = k > 0 && k < p;
         let seconds = compute_leg.max(fetch_leg) + if real { self.overhead_s } else { 0.0 };
         SplitPoint {
             recompute_tokens: k,
@@ -133,6 +140,7 @@ mod tests {
             compute_wait_s: 0.0,
             fetch_wait_s: 0.0,
             overhead_s: 0.0,
+            interference: 0.0,
         }
     }
 
@@ -181,13 +189,38 @@ mod tests {
             (3.0, 0.0, 1, 16, 0.0, 0),
             (2.0, 0.3, 50_000, 64, 0.2, 20_000),
         ] {
-            let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
-            let mut s = seed_inputs(&c, &l, p);
-            s.bytes_per_token = 131_072.0;
-            s.granularity = g;
-            s.overhead_s = over;
-            s.min_recompute_tokens = kmin;
-            assert_eq!(s.best().seconds, brute(&s).seconds, "{gbps} {rtt} {p} {g}");
+            for interference in [0.0, 0.1, 0.5, 1.0, 3.0] {
+                let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
+                let mut s = seed_inputs(&c, &l, p);
+                s.bytes_per_token = 131_072.0;
+                s.granularity = g;
+                s.overhead_s = over;
+                s.min_recompute_tokens = kmin;
+                s.interference = interference;
+                assert_eq!(s.best().seconds, brute(&s).seconds, "{gbps} {rtt} {p} {g} {interference}");
+            }
         }
+    }
+
+    #[test]
+    fn interference_slows_real_splits_only_and_can_rule_them_out() {
+        let c = ComputeModel::new(70e9, 989e12, 0.4, None).unwrap();
+        let weak = LinkModel::new(5.0, 0.07, 1.0).unwrap();
+        let mut s = seed_inputs(&c, &weak, 8000);
+        let alone = s.best();
+        assert!(alone.is_real_split());
+        let mut last = alone.seconds;
+        for i in [0.1, 0.3, 0.6, 1.0, 2.0] {
+            s.interference = i;
+            let b = s.best();
+            assert!(b.seconds >= last, "more interference, never faster: {i}");
+            last = b.seconds;
+            // The pure endpoints are unaffected.
+            assert_eq!(s.evaluate(0).seconds, weak.fetch_seconds(8000, 327_680.0));
+            assert_eq!(s.evaluate(8000).seconds, c.recompute_seconds(8000));
+        }
+        // When each leg runs at half speed while the other runs, splitting cannot win here.
+        s.interference = 1.0;
+        assert!(!s.best().is_real_split(), "{:?}", s.best());
     }
 }

@@ -92,14 +92,24 @@ proptest! {
     #[test]
     fn split_never_worse(kv in arb_kv(), attn in any::<bool>(), c in arb_compute(false), c2 in arb_compute(true),
                          l in arb_link(), p in 1u64..200_000, g in 1u64..257, over in 0.0..0.05f64,
-                         fu in 0.0..0.95f64, cu in 0.0..0.95f64, mu in 1.0..100.0f64, loaded in any::<bool>()) {
+                         fu in 0.0..0.95f64, cu in 0.0..0.95f64, mu in 1.0..100.0f64, loaded in any::<bool>(),
+                         inter in 0.0..3.0f64) {
         let c = if attn { c2 } else { c };
         let mut s = scenario(kv, c, l, p);
         if loaded {
             s.queues = Some(Queues { fetch: QueueState::new(fu, mu).unwrap(), compute: QueueState::new(cu, mu).unwrap() });
         }
-        let policy = Policy { allow_split: true, split_overhead_s: over, split_granularity: g, ..Policy::default() };
+        let policy = Policy {
+            allow_split: true,
+            split_overhead_s: over,
+            split_granularity: g,
+            split_interference: inter,
+            ..Policy::default()
+        };
         let d = decide(&s, &policy).unwrap();
+        // More interference never makes the split look faster.
+        let calmer = decide(&s, &Policy { split_interference: inter / 2.0, ..policy }).unwrap();
+        prop_assert!(calmer.split.point.seconds <= d.split.point.seconds * (1.0 + 1e-12));
         prop_assert!(d.split.point.seconds <= d.fetch.seconds);
         prop_assert!(d.split.point.seconds <= d.recompute.seconds);
         prop_assert!(d.split.gain >= 0.0);

@@ -2,6 +2,12 @@
 engine: register a pool, hold its lease (the Attach stream), publish stored and withdrawn
 blocks (acknowledged), Lookup / Load / Release, report load and a measured prefill profile,
 and answer the daemon's Recompute commands.
+
+An engine survives its daemon's restart: when the Attach stream of a pool registered through
+this client ends without `close()`, the client registers the same pool again with backoff
+(`ReconnectPolicy`), opens a new Attach stream for the new lease with the same handlers, and
+calls `on_reattach(lease)`, where the engine publishes again every block it still holds (the
+restarted daemon's index starts empty).
 """
 
 from __future__ import annotations
@@ -9,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -88,6 +95,28 @@ class Lease:
     fingerprint: bytes
 
 
+@dataclass(frozen=True)
+class ReconnectPolicy:
+    """How a client whose daemon went away registers again: attempts after `backoff(n)`
+    (`initial_s` doubling up to `max_s`) until one succeeds or `give_up_after_s` passed since
+    the stream ended; 0 gives up at once (the lease is then gone for good: `detached` is set)."""
+
+    initial_s: float = 0.1
+    max_s: float = 2.0
+    give_up_after_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if not (self.give_up_after_s >= 0.0 and self.initial_s > 0.0 and self.max_s >= self.initial_s):
+            raise ValueError(f"bad reconnect policy {self}")
+
+    def backoff(self, attempt: int) -> float:
+        """Seconds before attempt `attempt` (0-based)."""
+        return min(self.max_s, self.initial_s * 2.0 ** min(attempt, 62))
+
+
+NEVER_RECONNECT = ReconnectPolicy(give_up_after_s=0.0)
+
+
 RecomputeHandler = Callable[[pb.Recompute], tuple[int, float, str]]
 """Runs a recompute: returns (tokens now ready, seconds, error or "")."""
 
@@ -99,12 +128,29 @@ makes its RecomputeHandler return early. The SDK then answers RecomputeDone with
 class EngineClient:
     """A connection to the local daemon's Engine API."""
 
-    def __init__(self, socket_path: str, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, socket_path: str, timeout_s: float = 30.0, reconnect: ReconnectPolicy | None = None
+    ) -> None:
         self.socket_path = socket_path
         self.timeout_s = timeout_s
+        self.reconnect = reconnect if reconnect is not None else ReconnectPolicy()
+        # The last RegisterPool request, sent again after the daemon restarted.
+        self._registration: pb.RegisterPoolRequest | None = None
+        self._closing = threading.Event()
+        # Times the pool was registered again after the daemon went away.
+        self.reconnects = 0
         # The socket path is no valid :authority for the daemon's HTTP/2 server: name one.
+        # gRPC's own reconnect backoff (1 s growing to 120 s by default) would outlast a daemon
+        # restart: keep it at the SDK's own scale.
+        ms = int(self.reconnect.max_s * 1000)
         self._channel = grpc.insecure_channel(
-            f"unix:{socket_path}", options=[("grpc.default_authority", "localhost")]
+            f"unix:{socket_path}",
+            options=[
+                ("grpc.default_authority", "localhost"),
+                ("grpc.initial_reconnect_backoff_ms", int(self.reconnect.initial_s * 1000)),
+                ("grpc.min_reconnect_backoff_ms", int(self.reconnect.initial_s * 1000)),
+                ("grpc.max_reconnect_backoff_ms", ms),
+            ],
         )
         self._stub = rpc.EngineStub(self._channel)
         self._events: queue.Queue[pb.EngineEvent | None] | None = None
@@ -134,9 +180,20 @@ class EngineClient:
             nixl=pb.NixlAccess(descriptor_json=descriptor_json),
             profile=_profile_pb(profile),
         )
+        self._registration = req
+        return self._register()
+
+    def _register(self) -> Lease:
+        req = self._registration
+        assert req is not None
         r = _call("RegisterPool", lambda: self._stub.RegisterPool(req, timeout=max(self.timeout_s, 60.0)))
         assert isinstance(r, pb.RegisterPoolResponse)
         self._lease = Lease(r.lease_id, bytes(r.layout_fingerprint))
+        return self._lease
+
+    @property
+    def lease(self) -> Lease | None:
+        """The lease held now (a new one after each re-registration)."""
         return self._lease
 
     def attach(
@@ -145,58 +202,122 @@ class EngineClient:
         on_recompute: RecomputeHandler | None = None,
         on_evict: Callable[[list[bytes]], None] | None = None,
         on_cancel: CancelHandler | None = None,
+        on_reattach: Callable[[Lease], None] | None = None,
     ) -> None:
         """Opens the Attach stream (the lease lives as long as it) on a background thread.
         Recompute commands run ``on_recompute`` on their own thread and answer RecomputeDone.
         A CancelRecompute for a running recompute calls ``on_cancel`` (which must make the
         handler return early); its RecomputeDone then carries ``cancelled``. Without
         ``on_cancel`` the recompute runs to its end and answers as usual (never claims a
-        cancel it did not do). A recompute cancelled before its thread starts never runs."""
-        events: queue.Queue[pb.EngineEvent | None] = queue.Queue()
-        self._events = events
-        events.put(pb.EngineEvent(lease_id=lease.lease_id))
+        cancel it did not do). A recompute cancelled before its thread starts never runs.
 
-        def outgoing() -> Iterator[pb.EngineEvent]:
-            while True:
-                ev = events.get()
-                if ev is None:
-                    return
-                yield ev
+        When the stream ends without ``close()`` and the pool was registered through this
+        client, the pool is registered again (``reconnect``), a new stream opened with the same
+        handlers, and ``on_reattach(new_lease)`` called on the attach thread: publish again
+        there every block still held. ``detached`` is set once the client gives up (or closes)."""
+        self._lease = lease
+        self.attached.clear()
+        self.detached.clear()
+
+        def open_stream(lease: Lease) -> Iterator[pb.DaemonCommand]:
+            events: queue.Queue[pb.EngineEvent | None] = queue.Queue()
+            old, self._events = self._events, events
+            if old is not None:
+                old.put(None)  # ends the previous stream's request iterator
+            events.put(pb.EngineEvent(lease_id=lease.lease_id))
+
+            def outgoing() -> Iterator[pb.EngineEvent]:
+                while True:
+                    ev = events.get()
+                    if ev is None:
+                        return
+                    yield ev
+
+            return self._stub.Attach(outgoing())
+
+        def serve(stream: Iterator[pb.DaemonCommand]) -> None:
+            for cmd in stream:
+                which = cmd.WhichOneof("command")
+                if which == "recompute" and on_recompute is not None:
+                    with self._recomputes_lock:
+                        self._recomputes[cmd.recompute.session_id] = False
+                    threading.Thread(
+                        target=self._run_recompute,
+                        args=(cmd.recompute, on_recompute, on_cancel is not None),
+                        daemon=True,
+                    ).start()
+                elif which == "cancel":
+                    sid = cmd.cancel.session_id
+                    with self._recomputes_lock:
+                        known = sid in self._recomputes
+                        if known and on_cancel is not None:
+                            self._recomputes[sid] = True
+                    log.info("kvferry: the daemon cancelled recompute %r (running: %s)", sid, known)
+                    if known and on_cancel is not None:
+                        on_cancel(sid)
+                elif which == "evict" and on_evict is not None:
+                    on_evict(list(cmd.evict.block_hashes))
 
         def run() -> None:
+            lease_now, renewed = lease, False
             try:
-                stream = self._stub.Attach(outgoing())
-                self.attached.set()
-                for cmd in stream:
-                    which = cmd.WhichOneof("command")
-                    if which == "recompute" and on_recompute is not None:
-                        with self._recomputes_lock:
-                            self._recomputes[cmd.recompute.session_id] = False
-                        threading.Thread(
-                            target=self._run_recompute,
-                            args=(cmd.recompute, on_recompute, on_cancel is not None),
-                            daemon=True,
-                        ).start()
-                    elif which == "cancel":
-                        sid = cmd.cancel.session_id
-                        with self._recomputes_lock:
-                            known = sid in self._recomputes
-                            if known and on_cancel is not None:
-                                self._recomputes[sid] = True
-                        log.info("kvferry: the daemon cancelled recompute %r (running: %s)", sid, known)
-                        if known and on_cancel is not None:
-                            on_cancel(sid)
-                    elif which == "evict" and on_evict is not None:
-                        on_evict(list(cmd.evict.block_hashes))
-            except grpc.RpcError as e:
-                if e.code() != grpc.StatusCode.CANCELLED:
-                    log.warning("kvferry: Attach stream ended: %s %s", e.code(), e.details())
+                while True:
+                    try:
+                        stream = open_stream(lease_now)
+                        self.attached.set()
+                        if renewed and on_reattach is not None:
+                            # The new stream's queue is in place: what this publishes rides it.
+                            try:
+                                on_reattach(lease_now)
+                            except Exception:  # the engine's republish; the lease stays attached
+                                log.exception("kvferry: on_reattach failed")
+                        serve(stream)
+                        why = "the daemon closed the Attach stream"
+                    except grpc.RpcError as e:
+                        if e.code() == grpc.StatusCode.CANCELLED and self._closing.is_set():
+                            return
+                        why = f"Attach stream ended: {e.code()} {e.details()}"
+                    if self._closing.is_set():
+                        return
+                    log.warning("kvferry: %s", why)
+                    again = self._reregister(why)
+                    if again is None:
+                        return
+                    lease_now, renewed = again, True
             finally:
                 self.detached.set()
 
         self._attach_thread = threading.Thread(target=run, name="kvferry-attach", daemon=True)
         self._attach_thread.start()
         self.attached.wait(timeout=self.timeout_s)
+
+    def _reregister(self, why: str) -> Lease | None:
+        """Registers the pool again with backoff; the new lease, or None (gave up, closing, or
+        nothing to register again)."""
+        p = self.reconnect
+        if self._registration is None or p.give_up_after_s <= 0.0:
+            return None
+        t0 = time.monotonic()
+        attempt = 0
+        while not self._closing.wait(p.backoff(attempt)):
+            attempt += 1
+            try:
+                lease = self._register()
+            except KvferryError as e:
+                if time.monotonic() - t0 >= p.give_up_after_s:
+                    log.error(
+                        "kvferry: %s; the daemon did not come back within %.0f s: %s",
+                        why,
+                        p.give_up_after_s,
+                        e,
+                    )
+                    return None
+                log.debug("kvferry: daemon not back yet (attempt %d): %s", attempt, e)
+                continue
+            self.reconnects += 1
+            log.warning("kvferry: registered again with the daemon: lease %s", lease.lease_id)
+            return lease
+        return None
 
     def cancelled(self, session_id: str) -> bool:
         """Whether the daemon cancelled the running recompute ``session_id`` (for handlers that
@@ -286,6 +407,7 @@ class EngineClient:
 
     def close(self) -> None:
         """Ends the Attach stream (the lease ends with it) and the channel."""
+        self._closing.set()
         if self._events is not None:
             self._events.put(None)
         if self._attach_thread is not None:

@@ -141,6 +141,7 @@ impl Cluster {
                         gbps: 10.0,
                         rtt_ms: 1.0,
                         max_egress_gbps: 0.0,
+                        tenants: None,
                     })
                     .collect(),
                 ..Config::default()
@@ -200,6 +201,48 @@ impl Cluster {
     pub async fn engine(&self, i: usize) -> ReferenceEngineClient<Channel> {
         let ch = kvferry_engine_node::daemon::connect_uds(&self.dir(i).join("ctl.sock")).await.unwrap();
         ReferenceEngineClient::new(ch)
+    }
+
+    /// Stops region `i`'s daemon (SIGKILL when `kill`, else SIGTERM and a clean exit) and
+    /// starts it again on the same config (same ports, run dir, identity); its log is appended
+    /// to. Returns once the new daemon's engine socket is bound.
+    pub fn restart_daemon(&mut self, i: usize, kill: bool) {
+        let name = format!("daemon {}", NAMES[i]);
+        let dir = self.dir(i);
+        let at = self.procs.iter().position(|(n, _)| *n == name).expect("a daemon process");
+        let child = &mut self.procs[at].1;
+        if kill {
+            let _ = child.kill();
+        } else {
+            let s = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+            assert!(s.success(), "kill -TERM {name}");
+        }
+        let status = child.wait().unwrap();
+        assert!(kill || status.success(), "{name} did not stop cleanly on SIGTERM: {status}");
+        let _ = std::fs::remove_file(dir.join("engine.sock"));
+        let log = std::fs::OpenOptions::new().append(true).open(dir.join("daemon.log")).unwrap();
+        let cfg = dir.join("kvferry.toml");
+        let child = Command::new(env!("CARGO_BIN_EXE_kvferry"))
+            .args(["daemon", "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.procs[at].1 = child;
+        wait_file(&dir.join("engine.sock"), "the restarted daemon", &mut self.procs);
+        let t = Instant::now();
+        while std::net::TcpStream::connect(self.grpc[i]).is_err() {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the restarted {name} never bound its router port"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Whether process `name` is still running.
+    pub fn alive(&mut self, name: &str) -> bool {
+        self.procs.iter_mut().any(|(n, c)| n == name && matches!(c.try_wait(), Ok(None)))
     }
 
     /// SIGKILL.

@@ -11,8 +11,8 @@ use kvferry_engine_node::daemon::{EventSink, Registration, register, share_pool}
 use kvferry_engine_sdk::ShmPool;
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::{
-    MigrateSessionRequest, Policy, PolicyMode, PoolLayoutSpec, ShmAccess, daemon_command, migration_event,
-    register_pool_request,
+    MigrateSessionRequest, Policy, PolicyMode, PoolLayoutSpec, RegisterPoolResponse, ShmAccess,
+    daemon_command, migration_event, register_pool_request,
 };
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -64,6 +64,16 @@ pub async fn register_shm(
     engine: &str,
     spec: PoolLayoutSpec,
 ) -> (ShmPool, StdUnixStream, String) {
+    let (pool, stream, resp) = register_shm_answer(cfg, engine, spec).await;
+    (pool, stream, resp.lease_id)
+}
+
+/// [`register_shm`] with the daemon's whole answer (lease id and TTL).
+pub async fn register_shm_answer(
+    cfg: &Config,
+    engine: &str,
+    spec: PoolLayoutSpec,
+) -> (ShmPool, StdUnixStream, RegisterPoolResponse) {
     let layout = kvferry_daemon::engine_api::layout_of(&spec).unwrap();
     let pool = ShmPool::create(layout).unwrap();
     let run_dir = cfg.run_dir.clone();
@@ -77,8 +87,8 @@ pub async fn register_shm(
         access: register_pool_request::Access::Shm(ShmAccess { pool_token: token }),
         profile: Some(super::profile()),
     };
-    let lease = register(&mut client, &reg).await.unwrap().lease_id;
-    (pool, stream, lease)
+    let resp = register(&mut client, &reg).await.unwrap();
+    (pool, stream, resp)
 }
 
 /// An engine attached to `lease` that answers each Recompute command at once (tokens all

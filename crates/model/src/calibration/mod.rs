@@ -16,6 +16,8 @@
 //!   uncertainty, and the per-outcome noise; wide with few samples, narrowing as they come.
 //! - [`hedge()`](hedge::hedge) decides, from two predictions, whether to start the recompute
 //!   while the fetch runs and keep whichever finishes first.
+//! - [`InterferenceCalibration`] (one per engine): how much a split's two legs slow each other
+//!   on shared resources, from executed splits (median of recent `1 + i` samples).
 //!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
@@ -66,6 +68,7 @@
 pub mod fetch;
 pub(crate) mod fit;
 pub mod hedge;
+pub mod interference;
 pub mod recompute;
 
 use serde::{Deserialize, Serialize};
@@ -76,6 +79,7 @@ use crate::error::ModelError;
 pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
 pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
+pub use interference::InterferenceCalibration;
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
@@ -169,6 +173,13 @@ pub fn calibrated(
         out.attention_s_per_pair = c.attention_seconds_per_pair();
     }
     Ok(out)
+}
+
+/// Median of a non-empty slice (mean of the middle two for even lengths); sorts it.
+pub(crate) fn median_of(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 { v[m] } else { (v[m - 1] + v[m]) / 2.0 }
 }
 
 /// Checks a measured value: finite, > 0, at most [`MAX_SAMPLE_SECONDS`].

@@ -178,7 +178,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,7 @@ class Receipt(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     HEDGED_FIELD_NUMBER: _ClassVar[int]
     HEDGE_LOSER_S_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FETCH_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -207,7 +208,8 @@ class Receipt(_message.Message):
     kind: Action
     hedged: bool
     hedge_loser_s: float
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ...) -> None: ...
+    shared_fetch: bool
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
@@ -260,7 +262,7 @@ class LinkState(_message.Message):
     def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
 
 class EngineCalibration(_message.Message):
-    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor")
+    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor", "split_interference", "split_samples")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +272,8 @@ class EngineCalibration(_message.Message):
     REPORTED_LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     REPORTED_ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
     LOAD_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_INTERFERENCE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     linear_s_per_token: float
     attention_s_per_pair: float
@@ -279,7 +283,9 @@ class EngineCalibration(_message.Message):
     reported_linear_s_per_token: float
     reported_attention_s_per_pair: float
     load_factor: float
-    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ...) -> None: ...
+    split_interference: float
+    split_samples: int
+    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ..., split_interference: _Optional[float] = ..., split_samples: _Optional[int] = ...) -> None: ...
 
 class GetLinksResponse(_message.Message):
     __slots__ = ("region", "links", "engines")

@@ -41,7 +41,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from kvferry.keys import extend_block_hashes
 from kvferry.nixl_pool import NixlPool
 from kvferry.profile import Fit, ProfileFit, pairs
-from kvferry.sdk import EngineClient, KvferryError, Lease
+from kvferry.republish import LeaseWatch, runs_by_tenant
+from kvferry.sdk import EngineClient, KvferryError, Lease, ReconnectPolicy
 from kvferry.v1 import kvferry_pb2 as pb
 from kvferry.vllm.layout import PoolGeometry, check_config, check_groups, geometry_of
 
@@ -131,6 +132,7 @@ class Settings:
     load_timeout_s: float
     report_interval_s: float
     initial_s_per_token: float
+    daemon_reconnect_s: float
 
     @staticmethod
     def of(vllm_config: VllmConfig) -> Settings:
@@ -153,6 +155,7 @@ class Settings:
             load_timeout_s=float(extra.get("load_timeout_s", 30.0)),
             report_interval_s=float(extra.get("report_interval_s", 0.25)),
             initial_s_per_token=float(extra.get("initial_s_per_token", 1e-4)),
+            daemon_reconnect_s=float(extra.get("daemon_reconnect_s", 300.0)),
         )
 
     @property
@@ -171,13 +174,21 @@ class KvferryConnector(KVConnectorBase_V1):
         check_groups(kv_cache_config)
         self.s = Settings.of(vllm_config)
         self.block_size = int(vllm_config.cache_config.block_size)
-        self.client = EngineClient(self.s.daemon_socket, timeout_s=self.s.load_timeout_s)
+        # After a daemon restart the worker registers its pool again (new lease, written to the
+        # lease file) and the scheduler half publishes again every block it still lists.
+        self.client = EngineClient(
+            self.s.daemon_socket,
+            timeout_s=self.s.load_timeout_s,
+            reconnect=ReconnectPolicy(give_up_after_s=max(0.0, self.s.daemon_reconnect_s)),
+        )
         # scheduler state
         self._lease_id: str | None = None
         self._reqs: dict[str, _Req] = {}
         self._pending_loads: dict[str, LoadSpec] = {}
         self._lookup_ext: dict[str, tuple[int, list[bytes]]] = {}
-        self._published: dict[int, bytes] = {}
+        # Published block id -> (tenant, hash): what the daemon lists for this engine.
+        self._published: dict[int, tuple[str, bytes]] = {}
+        self._lease_watch = LeaseWatch(self.s.lease_file)
         self._waiting: set[str] = set()
         self._epoch = 0
         self.stats = {"lookups": 0, "withdrawn": 0, "withdraw_calls": 0, "planned_publish": 0}
@@ -217,12 +228,14 @@ class KvferryConnector(KVConnectorBase_V1):
         )
         self._recompute_conns: dict[str, http.client.HTTPConnection] = {}
         self._recompute_lock = threading.Lock()
-        self.client.attach(self._lease, on_recompute=self._recompute, on_cancel=self._cancel_recompute)
+        self.client.attach(
+            self._lease,
+            on_recompute=self._recompute,
+            on_cancel=self._cancel_recompute,
+            on_reattach=self._reattached,
+        )
         self._announcer = _Announcer(self.client)
-        tmp = self.s.lease_file + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(self._lease.lease_id)
-        os.replace(tmp, self.s.lease_file)
+        self._write_lease_file(self._lease.lease_id)
         log.info(
             "kvferry: registered %s pool (%d layers x %d blocks, %d KV heads, head %d, block %d, %s, "
             "%.1f MiB) "
@@ -237,6 +250,20 @@ class KvferryConnector(KVConnectorBase_V1):
             sum(r.length for r in g.regions) / 2**20,
             self._lease.lease_id,
         )
+
+    def _write_lease_file(self, lease_id: str) -> None:
+        tmp = self.s.lease_file + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(lease_id)
+        os.replace(tmp, self.s.lease_file)
+
+    def _reattached(self, lease: Lease) -> None:
+        """The daemon restarted and the pool is registered again: later loads and publications
+        use the new lease; the scheduler half sees the new lease file and publishes again every
+        block it still lists (its next step's metadata)."""
+        self._lease = lease
+        self._write_lease_file(lease.lease_id)
+        log.warning("kvferry: registered again with the daemon after it went away: lease %s", lease.lease_id)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -511,6 +538,18 @@ class KvferryConnector(KVConnectorBase_V1):
         withdraw = [b for b in fresh if self._published.pop(b, None) is not None]
         if withdraw:
             self._withdraw(withdraw)
+        # The worker registered again (the daemon restarted): publish again what is still
+        # listed (blocks about to be overwritten were just taken out, so none of them).
+        renewed = self._lease_watch.renewed()
+        if renewed is not None:
+            self._lease_id = renewed
+            runs = runs_by_tenant(self._published)
+            meta.publish.extend(runs)
+            log.warning(
+                "kvferry: new lease %s: publishing %d held blocks again",
+                renewed,
+                sum(len(ids) for _, _, ids in runs),
+            )
         for st, before, n in scheduled:
             after = before + n
             meta.step_tokens += n
@@ -525,7 +564,7 @@ class KvferryConnector(KVConnectorBase_V1):
             ids = st.block_ids[st.published : full]
             meta.publish.append((st.tenant, hs, ids))
             for b, h in zip(ids, hs, strict=True):
-                self._published[b] = h
+                self._published[b] = (st.tenant, h)
             self.stats["planned_publish"] += len(ids)
             st.published = full
         meta.loads = list(self._pending_loads.values())
