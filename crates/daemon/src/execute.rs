@@ -88,7 +88,7 @@ pub async fn execute(
             let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
                 recompute_leg(shared, p, k, Leg::Concurrent),
-                fetch_leg(shared, p, &src, plan.fetch_from, plan.fetch_end, events, Leg::Concurrent)
+                fetch_as(shared, p, &src, plan.fetch_from, plan.fetch_end, events, Leg::Concurrent)
             );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
@@ -410,6 +410,19 @@ async fn fetch(
     end: usize,
     events: &Events,
 ) -> Result<Fetched, DaemonError> {
+    fetch_as(shared, p, src, from, end, events, Leg::Alone).await
+}
+
+/// [`fetch`], run alone or as a leg beside a recompute ([`Leg`]).
+async fn fetch_as(
+    shared: &Arc<Shared>,
+    p: &Prepared,
+    src: &str,
+    from: usize,
+    end: usize,
+    events: &Events,
+    leg: Leg,
+) -> Result<Fetched, DaemonError> {
     let want = FlightKey {
         source: src.to_owned(),
         tenant: p.tenant.clone(),
@@ -419,7 +432,7 @@ async fn fetch(
     loop {
         let join = match shared.flights.enter(want.clone()) {
             Entered::Lead(lead) => {
-                let r = fetch_now(shared, p, src, from, end, events).await;
+                let r = fetch_now(shared, p, src, from, end, events, leg).await;
                 lead.finish(&r);
                 return r.map(|receipt| Fetched { receipt, joined: false });
             }
@@ -448,19 +461,9 @@ async fn fetch(
 }
 
 /// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
-/// wall time (request to the last verified block landed) feeds the link's calibration.
+/// wall time (request to the last verified block landed) feeds the link's calibration when it
+/// ran alone.
 async fn fetch_now(
-    shared: &Arc<Shared>,
-    p: &Prepared,
-    src: &str,
-    from: usize,
-    end: usize,
-    events: &Events,
-) -> Result<FetchReceipt, DaemonError> {
-    fetch_leg(shared, p, src, from, end, events, Leg::Alone).await
-}
-
-async fn fetch_leg(
     shared: &Arc<Shared>,
     p: &Prepared,
     src: &str,
