@@ -50,6 +50,13 @@ pub trait ChunkSource: Send + Sync {
     fn corrupt_after_checksum(&self, _spec: &ChunkSpec) -> bool {
         false
     }
+
+    /// Fault injection (feature `fault-injection`, test builds only): lets the owner lie in
+    /// chunk `spec`'s header after checksumming it (a wrong checksum, a chunk id out of range,
+    /// blocks that were not requested, another transfer's id), as a lying peer would; the
+    /// payload stays the real bytes. The requester must refuse it and ask again.
+    #[cfg(feature = "fault-injection")]
+    fn tamper_header(&self, _spec: &ChunkSpec, _header: &mut kvferry_wire::ChunkHeader) {}
 }
 
 /// Where the requester lands a verified chunk.

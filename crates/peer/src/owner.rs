@@ -248,6 +248,12 @@ pub(crate) async fn serve_transfer(
                 if let (Some(h), Work::Send(_)) = (header, work) {
                     #[cfg(feature = "fault-injection")]
                     let bytes = crate::io::maybe_corrupt(&*served.source, &spec, bytes);
+                    #[cfg(feature = "fault-injection")]
+                    let h = {
+                        let mut h = h;
+                        served.source.tamper_header(&spec, &mut h);
+                        h
+                    };
                     let payload = Bytes::from_owner(Leased { bytes, _lease: lease });
                     writers[next_writer % streams]
                         .send((h, payload))

@@ -4,6 +4,8 @@
 
 #[macro_use]
 mod common;
+#[cfg(feature = "fault-injection")]
+mod faults;
 
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
@@ -97,6 +99,17 @@ impl ChunkSource for Counting {
     fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
         self.bytes.fetch_add(spec.len, Ordering::Relaxed);
         self.inner.read(spec)
+    }
+
+    // A wrapper forwards the fault hooks, or the faults it wraps are never injected.
+    #[cfg(feature = "fault-injection")]
+    fn corrupt_after_checksum(&self, spec: &ChunkSpec) -> bool {
+        self.inner.corrupt_after_checksum(spec)
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn tamper_header(&self, spec: &ChunkSpec, header: &mut kvferry_wire::ChunkHeader) {
+        self.inner.tamper_header(spec, header)
     }
 }
 

@@ -27,6 +27,7 @@ pub mod forwarder;
 pub mod netns;
 pub mod probe;
 pub mod profile;
+pub mod relay;
 pub mod rng;
 pub mod shaper;
 pub mod sys;

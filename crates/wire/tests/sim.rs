@@ -11,26 +11,12 @@
 
 use std::collections::BTreeMap;
 
+mod common;
+
+use common::Rng;
+
 use kvferry_wire::frame::{self, Frame};
 use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, RequesterConfig, State, WireError, Work};
-
-/// SplitMix64: tiny, seedable, deterministic everywhere.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn chance(&mut self, p: f64) -> bool {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Faults {

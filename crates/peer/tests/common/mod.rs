@@ -2,6 +2,8 @@
 //! PKI, an allow-list, a 1 ms RTT hint and a 3 s idle timeout; it listens on QUIC and TCP and
 //! dials peers over the transport a test asks for.
 
+#![allow(dead_code)] // each test binary uses a part
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,8 +40,22 @@ pub fn node(
     catalog: Arc<dyn BlockCatalog>,
     staging: usize,
 ) -> Arc<PeerNode> {
+    node_with(dial, identity, pki, allowed, catalog, staging, |_| {})
+}
+
+/// [`node`], with `tweak` applied to its configuration before it starts (the fault tests'
+/// short idle timeout, small chunks and short retransmit grace).
+pub fn node_with(
+    dial: impl Into<Dial>,
+    identity: TlsIdentity,
+    pki: &DevPki,
+    allowed: &[&str],
+    catalog: Arc<dyn BlockCatalog>,
+    staging: usize,
+    tweak: impl FnOnce(&mut PeerConfig),
+) -> Arc<PeerNode> {
     let Dial { transport, tcp_listen } = dial.into();
-    let cfg = PeerConfig {
+    let mut cfg = PeerConfig {
         identity,
         policy: TrustPolicy {
             roots: pki.roots(),
@@ -59,6 +75,7 @@ pub fn node(
         tcp_listen,
         auto_fallback: Duration::from_millis(300),
     };
+    tweak(&mut cfg);
     PeerNode::start(cfg, catalog).unwrap()
 }
 
