@@ -518,6 +518,7 @@ mod tests {
                 rtt_ms: 1.0,
                 max_egress_gbps: 0.0,
                 tenants: None,
+                transport: Default::default(),
             }]),
             hint_threshold: None,
             faults: InjectedFaults::default(),
@@ -679,6 +680,7 @@ mod tests {
             rtt_ms: 1.0,
             max_egress_gbps: 0.0,
             tenants,
+            transport: Default::default(),
         };
         cat.scopes = TenantScopes::new(&[peer_b(Some(vec!["someone-else".into()]))]);
         let (code, detail) = refusal(&cat, &request(&e, &hashes));

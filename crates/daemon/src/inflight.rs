@@ -229,6 +229,11 @@ mod tests {
             rtt: std::time::Duration::from_millis(1),
             reconnects: 0,
             chunks_refetched: 0,
+            link: kvferry_peer::LinkInfo {
+                transport: kvferry_peer::Transport::Quic,
+                congestion: "cubic".into(),
+                channels: 4,
+            },
         }
     }
 

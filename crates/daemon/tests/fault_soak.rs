@@ -257,6 +257,7 @@ async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
         rtt_ms: 1.0,
         max_egress_gbps: cap,
         tenants: None,
+        transport: Default::default(),
     };
     let mut cfg_a = common::config(dir.path(), "region-a");
     // 16 Mbit/s toward B: a 256 KiB session takes ~130 ms alone, longer when they queue.
