@@ -112,6 +112,9 @@ def test_an_engine_registers_again_after_its_daemon_restarts_and_republishes(tmp
         s1.stop(0)
     else:
         s1.stop(0)
+        # The stopped server's handler thread still waits on its `end`; release it, or its
+        # executor's worker is joined at interpreter exit and pytest never exits.
+        d1.end()
     time.sleep(0.3)  # a moment with no daemon at all: attempts fail and back off
     d2, s2 = _serve(sock, "new")
     new = reattached.get(timeout=15)
