@@ -13,7 +13,8 @@
 //!
 //! Knobs (environment): `KVFERRY_BENCH_BYTES` (default 1 GiB), `KVFERRY_BENCH_REPS` (3),
 //! `KVFERRY_BENCH_CONFIGS` (comma list of `defaults`, `cubic1`, `cubic2`, `cubic4`, `bbr1`,
-//! `bbr2`, `bbr4`; default all), `KVFERRY_BENCH_CHUNK` (chunk target bytes, 4 MiB),
+//! `bbr2`, `bbr4`, or any of them with `xK` for a fetch striped over K QUIC connections, e.g.
+//! `cubic4x2`; default all unstriped), `KVFERRY_BENCH_CHUNK` (chunk target bytes, 4 MiB),
 //! `KVFERRY_BENCH_RTT_MS` (default 0: direct; otherwise the requester reaches the owner through
 //! an in-bench UDP relay that delays each direction by half this RTT — WAN emulation without
 //! netem, which this kernel lacks).
@@ -65,9 +66,12 @@ fn tuning(name: &str) -> LinkTuning {
     if name == "defaults" {
         return LinkTuning { streams: 1, ..LinkTuning::quinn_defaults() };
     }
+    // `cubic4x2`: CUBIC, 4 streams per connection, each fetch striped over 2 connections.
+    let (name, stripes) = name.split_once('x').unwrap_or((name, "1"));
     let (cc, streams) = name.split_at(name.len() - 1);
     LinkTuning {
         streams: streams.parse().unwrap_or(1),
+        stripes: stripes.parse().unwrap_or(1),
         congestion: Congestion::parse(cc).unwrap_or(Congestion::Cubic),
         ..LinkTuning::default()
     }
@@ -102,6 +106,23 @@ fn identity_from_env(region: &str) -> (TlsIdentity, TrustPolicy) {
     (id, policy)
 }
 
+/// Both endpoints' configuration: QUIC on 127.0.0.1 (any port), the transport tuning `config`
+/// names, 256 MiB of staging, `KVFERRY_BENCH_CHUNK`-byte chunks (default 4 MiB).
+fn endpoint_config(identity: TlsIdentity, policy: TrustPolicy, config: &str) -> PeerConfig {
+    PeerConfig {
+        identity,
+        policy,
+        listen: "127.0.0.1:0".parse().expect("addr"),
+        tuning: tuning(config),
+        staging_bytes: 256 << 20,
+        chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
+        fetch: kvferry_peer::FetchPolicy::default(),
+        transport: kvferry_peer::TransportChoice::Quic,
+        tcp_listen: None,
+        auto_fallback: std::time::Duration::from_millis(1500),
+    }
+}
+
 fn owner_main() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let blocks: u32 = env_or("KVFERRY_BENCH_BLOCKS", 256);
@@ -113,18 +134,7 @@ fn owner_main() {
         LAYERS,
         BPBL,
     ));
-    let cfg = PeerConfig {
-        identity,
-        policy,
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        tuning: tuning(&name),
-        staging_bytes: 256 << 20,
-        chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
-        fetch: kvferry_peer::FetchPolicy::default(),
-        transport: kvferry_peer::TransportChoice::Quic,
-        tcp_listen: None,
-        auto_fallback: std::time::Duration::from_millis(1500),
-    };
+    let cfg = endpoint_config(identity, policy, &name);
     let node = rt.block_on(async { PeerNode::start(cfg, source) }).expect("start");
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "ADDR {}", node.local_addr());
@@ -363,22 +373,9 @@ fn run_config(rt: &tokio::runtime::Runtime, pki: &DevPki, config: &str, bytes: u
     let total = u64::from(blocks) * u64::from(LAYERS) * BPBL;
     let mut owner = Owner::spawn(pki, config, blocks);
     let dst = pki.issue("dst").expect("issue");
-    let cfg = PeerConfig {
-        identity: dst,
-        policy: TrustPolicy {
-            roots: pki.roots(),
-            trust_domain: TD.into(),
-            allowed_regions: vec!["src".into()],
-        },
-        listen: "127.0.0.1:0".parse().expect("addr"),
-        tuning: tuning(config),
-        staging_bytes: 256 << 20,
-        chunk_target_bytes: env_or("KVFERRY_BENCH_CHUNK", 4 << 20),
-        fetch: kvferry_peer::FetchPolicy::default(),
-        transport: kvferry_peer::TransportChoice::Quic,
-        tcp_listen: None,
-        auto_fallback: std::time::Duration::from_millis(1500),
-    };
+    let policy =
+        TrustPolicy { roots: pki.roots(), trust_domain: TD.into(), allowed_regions: vec!["src".into()] };
+    let cfg = endpoint_config(dst, policy, config);
     let catalog = Arc::new(FlatChunks::new(Arc::new(Vec::new()), 0, LAYERS, BPBL));
     let node = rt.block_on(async { PeerNode::start(cfg, catalog) }).expect("start requester");
     // Non-zero fill: every page is touched now, not during the first measured run.

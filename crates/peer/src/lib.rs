@@ -2,6 +2,7 @@
 //! sans-IO cores of `kvferry-wire`, and transport tuning for long fat pipes.
 
 mod budget;
+mod coalesce;
 pub mod io;
 mod link;
 pub mod node;
@@ -11,6 +12,7 @@ pub mod probe;
 pub mod query;
 mod requester;
 mod router;
+pub mod stripe;
 mod tcp;
 pub mod tls;
 pub mod transport;

@@ -91,6 +91,9 @@ pub struct LinkInfo {
     pub congestion: String,
     /// Data channels (QUIC streams or TCP connections) per transfer.
     pub channels: u32,
+    /// Connections the fetch was striped over (1: one transfer on one connection; each stripe
+    /// has its own `channels` streams). Always 1 over TCP, which stripes over its channels.
+    pub stripes: u32,
 }
 
 /// Identifies a link for the in-use counts (QUIC: the connection's `stable_id`; TCP: the
@@ -158,11 +161,13 @@ impl Link {
                 transport: Transport::Quic,
                 congestion: if tuning.defaults_only { "cubic" } else { tuning.congestion.name() }.into(),
                 channels: tuning.streams.max(1),
+                stripes: 1,
             },
             Self::Tcp(s) => LinkInfo {
                 transport: Transport::Tcp,
                 congestion: s.congestion.clone(),
                 channels: s.data_channels,
+                stripes: 1,
             },
         }
     }
@@ -176,9 +181,25 @@ impl PeerNode {
     /// blocked), TCP, remembered for [`FALLBACK_HOLD`]. A QUIC handshake that *fails* (a
     /// refused identity) does not fall back: TCP would present the same identities.
     pub(crate) async fn link(&self, peer: &RegionId, addr: SocketAddr, data: u32) -> Result<Link, WireError> {
-        let choice = self.choices.locked().get(peer).copied().unwrap_or(self.cfg.transport);
-        match choice {
-            TransportChoice::Quic => self.connect(peer, addr).await.map(Link::Quic),
+        self.link_stripe(peer, addr, data, 0).await
+    }
+
+    /// The transport chosen for `peer` now.
+    pub(crate) fn transport_choice(&self, peer: &RegionId) -> TransportChoice {
+        self.choices.locked().get(peer).copied().unwrap_or(self.cfg.transport)
+    }
+
+    /// [`PeerNode::link`] for stripe `stripe` of a fetch: over QUIC, that stripe's own cached
+    /// connection (a striped fetch runs only where the choice is plain QUIC).
+    pub(crate) async fn link_stripe(
+        &self,
+        peer: &RegionId,
+        addr: SocketAddr,
+        data: u32,
+        stripe: u32,
+    ) -> Result<Link, WireError> {
+        match self.transport_choice(peer) {
+            TransportChoice::Quic => self.connect_stripe(peer, addr, stripe).await.map(Link::Quic),
             TransportChoice::Tcp => self.dial_tcp(peer, addr, data).await,
             TransportChoice::Auto => {
                 let fell = self.fallen_back.locked().get(peer).is_some_and(|at| at.elapsed() < FALLBACK_HOLD);

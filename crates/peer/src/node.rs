@@ -1,10 +1,12 @@
 //! A region's peer endpoint: one quinn endpoint per daemon, both server and client. This file
-//! owns the endpoint's state and its connection cache (one outgoing connection per peer,
-//! reused until it closes); the jobs on it live beside it, each in its own module:
+//! owns the endpoint's state and its connection cache (one outgoing connection per peer and
+//! stripe — stripe 0 carries queries, probes and unstriped fetches; a striped fetch adds
+//! stripes 1.. — each reused until it closes); the jobs on it live beside it, each in its own module:
 //!
 //! - `budget.rs`: the two staging budgets (serving, fetching), bounded in bytes;
 //! - `router.rs`: per-connection routing of incoming chunk streams to their transfer;
-//! - `requester.rs`: the requester driver (`fetch`) around `kvferry_wire::Requester`;
+//! - `requester.rs`: the requester driver (`fetch`) around `kvferry_wire::Requester`, one
+//!   core per stripe (the split is `stripe.rs`, pure);
 //! - `owner.rs`: the owner driver (`start`, the accept loop, serving a transfer) around
 //!   `kvferry_wire::Owner`;
 //! - `query.rs` and `probe.rs`: `Query` and `Probe` on a cached connection;
@@ -143,7 +145,8 @@ pub struct PeerNode {
     pub(crate) catalog: Arc<dyn BlockCatalog>,
     pub(crate) serve_budget: Arc<Budget>,
     pub(crate) fetch_budget: Arc<Budget>,
-    pub(crate) conns: Mutex<HashMap<RegionId, Connection>>,
+    /// Outgoing connections by (peer, stripe).
+    pub(crate) conns: Mutex<HashMap<(RegionId, u32), Connection>>,
     pub(crate) incoming: Mutex<Vec<Connection>>,
     /// Per outgoing connection: routes incoming chunk streams to their transfer.
     pub(crate) routers: Mutex<HashMap<usize, Arc<StreamRouter>>>,
@@ -239,7 +242,7 @@ impl PeerNode {
     ) -> Result<Rotation, IdentityError> {
         check_identity(&identity, &roots, &self.cfg.identity.id)?;
         let policy = TrustPolicy { roots: roots.clone(), ..self.cfg.policy.clone() };
-        let server = crate::owner::quic_server_config(&identity, &policy, &self.cfg.tuning)?;
+        let server = crate::transport::quic_server_config(&identity, &policy, &self.cfg.tuning)?;
         self.endpoint.set_server_config(Some(server));
         *self.creds.locked() = Arc::new(Credentials { identity, roots: roots.clone() });
         self.reloads.fetch_add(1, Ordering::Relaxed);
@@ -373,8 +376,12 @@ impl PeerNode {
     /// Current RTT to `peer`, if connected.
     /// (TCP: the RTT of the last job, while it is fresher than the idle timeout.)
     pub fn rtt_to(&self, peer: &RegionId) -> Option<Duration> {
-        if let Some(rtt) =
-            self.conns.locked().get(peer).filter(|c| c.close_reason().is_none()).map(Connection::rtt)
+        if let Some(rtt) = self
+            .conns
+            .locked()
+            .get(&(peer.clone(), 0))
+            .filter(|c| c.close_reason().is_none())
+            .map(Connection::rtt)
         {
             return Some(rtt);
         }
@@ -386,7 +393,19 @@ impl PeerNode {
 
     /// Connects to `peer` (or reuses the cached connection).
     pub async fn connect(&self, peer: &RegionId, addr: SocketAddr) -> Result<Connection, WireError> {
-        if let Some(c) = self.conns.locked().get(peer).cloned()
+        self.connect_stripe(peer, addr, 0).await
+    }
+
+    /// Connects to `peer` for stripe `stripe` of a fetch (or reuses that stripe's cached
+    /// connection); stripe 0 is [`PeerNode::connect`]'s connection.
+    pub(crate) async fn connect_stripe(
+        &self,
+        peer: &RegionId,
+        addr: SocketAddr,
+        stripe: u32,
+    ) -> Result<Connection, WireError> {
+        let key = (peer.clone(), stripe);
+        if let Some(c) = self.conns.locked().get(&key).cloned()
             && c.close_reason().is_none()
         {
             return Ok(c);
@@ -406,7 +425,7 @@ impl PeerNode {
             r.insert(conn.stable_id(), router.clone());
         }
         tokio::spawn(route_streams(conn.clone(), self.fetch_budget.clone(), router));
-        self.conns.locked().insert(peer.clone(), conn.clone());
+        self.conns.locked().insert(key, conn.clone());
         Ok(conn)
     }
 }

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use kvferry_wire::frame::{Cancel, Frame, Refusal};
 use kvferry_wire::{LocalError, Owner, WireError, Work};
-use quinn::crypto::rustls::QuicServerConfig;
 use quinn::{Connection, Endpoint, EndpointConfig, TokioRuntime, VarInt};
 use rustls::pki_types::CertificateDer;
 use tokio::sync::mpsc;
@@ -25,21 +24,24 @@ use crate::link::{Link, RecvHalf, SendHalf};
 use crate::budget::{Budget, Leased};
 use crate::io::{AbortOnDrop, control_reader, read_frame, write_frame};
 use crate::node::{BlockCatalog, Credentials, PeerConfig, PeerNode};
-use crate::tls::{IdentityError, RegionId, TlsIdentity, TrustPolicy, identity_of, server_crypto};
-use crate::transport::{LinkTuning, bind_udp};
+use crate::tls::{RegionId, identity_of};
+use crate::transport::{bind_udp, quic_server_config};
 use kvferry_pool::sync::LockExt;
 
-/// The QUIC server configuration for `identity` under `policy` (at start and on a reload).
-pub(crate) fn quic_server_config(
-    identity: &TlsIdentity,
-    policy: &TrustPolicy,
-    tuning: &LinkTuning,
-) -> Result<quinn::ServerConfig, IdentityError> {
-    let tls = server_crypto(identity, policy)?;
-    let quic = QuicServerConfig::try_from(tls).map_err(|e| IdentityError::Config(e.to_string()))?;
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    server.transport_config(Arc::new(tuning.transport()));
-    Ok(server)
+/// The node's QUIC endpoint on `socket`, reading it in batches when `hold` is non-zero (see
+/// `coalesce`).
+fn quic_endpoint(
+    server: quinn::ServerConfig,
+    socket: std::net::UdpSocket,
+    hold: std::time::Duration,
+) -> std::io::Result<Endpoint> {
+    let runtime = Arc::new(TokioRuntime);
+    let socket: Arc<dyn quinn::AsyncUdpSocket> = if hold.is_zero() {
+        quinn::Runtime::wrap_udp_socket(&*runtime, socket)?
+    } else {
+        Arc::new(crate::coalesce::CoalescingSocket::new(socket, hold)?)
+    };
+    Endpoint::new_with_abstract_socket(EndpointConfig::default(), Some(server), socket, runtime)
 }
 
 impl PeerNode {
@@ -49,7 +51,7 @@ impl PeerNode {
             .map_err(|e| LocalError::Setup(e.to_string()))?;
         let (socket, listener) =
             bind_both(&cfg).map_err(|e| LocalError::Setup(format!("peer sockets on {}: {e}", cfg.listen)))?;
-        let endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, Arc::new(TokioRuntime))
+        let endpoint = quic_endpoint(server, socket, cfg.tuning.recv_hold())
             .map_err(|e| LocalError::Setup(e.to_string()))?;
         let tcp_local = listener.local_addr().map_err(|e| LocalError::Setup(e.to_string()))?;
         let tcp =

@@ -161,11 +161,42 @@ fn rustls_err(e: IdentityError) -> rustls::Error {
     rustls::Error::InvalidCertificate(rustls::CertificateError::ApplicationVerificationFailure)
 }
 
+/// The handshake-signature methods both verifiers share: a TLS 1.2 signature is refused (the
+/// endpoints speak TLS 1.3 only), a TLS 1.3 one is checked with the provider's algorithms
+/// (`self.algs`, the same set rustls' WebPKI verifiers use).
+macro_rules! tls13_only_signatures {
+    () => {
+        fn verify_tls12_signature(
+            &self,
+            _message: &[u8],
+            _cert: &CertificateDer<'_>,
+            _dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
+        }
+
+        fn verify_tls13_signature(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            verify_tls13_signature(message, cert, dss, &self.algs)
+        }
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.algs.supported_schemes()
+        }
+    };
+}
+
 /// Server side: WebPKI chain verification for client certificates, then the identity policy.
 #[derive(Debug)]
 struct RegionClientVerifier {
     inner: Arc<dyn ClientCertVerifier>,
     policy: TrustPolicy,
+    /// The provider's signature algorithms (those `inner` was built with).
+    algs: WebPkiSupportedAlgorithms,
 }
 
 impl ClientCertVerifier for RegionClientVerifier {
@@ -185,27 +216,7 @@ impl ClientCertVerifier for RegionClientVerifier {
         Ok(ClientCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.inner.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.inner.supported_verify_schemes()
-    }
+    tls13_only_signatures!();
 }
 
 /// Client side: the server's chain must verify against our roots, and its identity must be
@@ -241,27 +252,7 @@ impl ServerCertVerifier for RegionServerVerifier {
         Ok(ServerCertVerified::assertion())
     }
 
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(rustls::PeerIncompatible::Tls13RequiredForQuic))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(message, cert, dss, &self.algs)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algs.supported_schemes()
-    }
+    tls13_only_signatures!();
 }
 
 /// rustls server configuration for the peer endpoint (mutual TLS, TLS 1.3, no early data).
@@ -272,7 +263,8 @@ pub fn server_crypto(me: &TlsIdentity, policy: &TrustPolicy) -> Result<rustls::S
         rustls::server::WebPkiClientVerifier::builder_with_provider(policy.roots.clone(), provider.clone())
             .build()
             .map_err(|e| cfg(&e))?;
-    let verifier = Arc::new(RegionClientVerifier { inner, policy: policy.clone() });
+    let algs = provider.signature_verification_algorithms;
+    let verifier = Arc::new(RegionClientVerifier { inner, policy: policy.clone(), algs });
     let mut c = rustls::ServerConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| cfg(&e))?

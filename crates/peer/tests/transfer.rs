@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use kvferry_engine_sdk::ShmPool;
 use kvferry_layout::{AttnSpec, Dtype, PoolLayout, StrideOrder, block_hashes};
 use kvferry_peer::{
-    BlockCatalog, BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource, DevPki, FetchSpec, PeerNode,
-    PoolChunks, RegionId, Served, TlsIdentity, Transport, TransportChoice,
+    BlockCatalog, BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource, DevPki, FetchReceipt, FetchSpec,
+    PeerNode, PoolChunks, RegionId, Served, TlsIdentity, Transport, TransportChoice,
 };
 use kvferry_pool::MemoryBackend;
 use kvferry_wire::frame::{FetchRequest, RefusalCode};
@@ -77,15 +77,52 @@ impl BlockCatalog for Catalog {
         if req.fingerprint != self.fingerprint {
             return Err((RefusalCode::FingerprintMismatch, "layout fingerprints differ".into()));
         }
-        let held = req.block_hashes.iter().zip(&self.hashes).take_while(|(a, b)| a == b).count() as u32;
+        // A request may start anywhere in the chain (a striped fetch's later stripes do): the
+        // first requested block says where, and the source is shifted to it.
+        let at = req.block_hashes.first().and_then(|f| self.hashes.iter().position(|h| h == f)).unwrap_or(0);
+        let held = req.block_hashes.iter().zip(&self.hashes[at..]).take_while(|(a, b)| a == b).count() as u32;
         self.opened.fetch_add(1, Ordering::Relaxed);
+        let source: Arc<dyn ChunkSource> = if at == 0 {
+            self.source.clone()
+        } else {
+            Arc::new(Shifted { inner: self.source.clone(), offset: at as u32 })
+        };
         Ok(Served {
             blocks_held: held,
             layers: self.layers,
             bytes_per_block_layer: self.bpbl,
-            source: self.source.clone(),
+            source,
             egress_cap_bps: 0,
         })
+    }
+}
+
+/// A source for a request that starts `offset` blocks into the chain: its chunks' blocks are
+/// the chain's blocks from there.
+struct Shifted {
+    inner: Arc<dyn ChunkSource>,
+    offset: u32,
+}
+
+impl Shifted {
+    fn shift(&self, spec: &ChunkSpec) -> ChunkSpec {
+        ChunkSpec { blocks: (spec.blocks.0 + self.offset, spec.blocks.1 + self.offset), ..*spec }
+    }
+}
+
+impl ChunkSource for Shifted {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
+        self.inner.read(self.shift(&spec))
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn corrupt_after_checksum(&self, spec: &ChunkSpec) -> bool {
+        self.inner.corrupt_after_checksum(&self.shift(spec))
+    }
+
+    #[cfg(feature = "fault-injection")]
+    fn tamper_header(&self, spec: &ChunkSpec, header: &mut kvferry_wire::ChunkHeader) {
+        self.inner.tamper_header(&self.shift(spec), header)
     }
 }
 
@@ -209,6 +246,14 @@ impl Setup {
     fn requester(&self, region: &str, staging: usize) -> Arc<PeerNode> {
         node(self.t, self.pki.issue(region).unwrap(), &self.pki, &["src"], self.catalog.clone(), staging)
     }
+    /// A requester that stripes each fetch over `stripes` QUIC connections, asking for 256 KiB
+    /// chunks (so that a few MiB make stripes of at least four chunks each).
+    fn striped_requester(&self, region: &str, stripes: u32) -> Arc<PeerNode> {
+        let mut cfg = common::config(self.t, self.pki.issue(region).unwrap(), &self.pki, &["src"], 64 << 20);
+        cfg.tuning.stripes = stripes;
+        cfg.chunk_target_bytes = 256 << 10;
+        PeerNode::start(cfg, self.catalog.clone()).unwrap()
+    }
     fn spec(&self, deadline: Duration) -> FetchSpec {
         FetchSpec {
             tenant: "tenant-a".into(),
@@ -231,6 +276,40 @@ impl Setup {
     }
     fn src_id(&self) -> RegionId {
         RegionId::new(TD, "src").unwrap()
+    }
+    /// `dst`'s query of the owner for `hashes` as `tenant` (the session's fingerprint, 10 s).
+    async fn query(
+        &self,
+        dst: &PeerNode,
+        tenant: &str,
+        hashes: Vec<[u8; 32]>,
+    ) -> Result<kvferry_peer::Holdings, WireError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        dst.query(&self.src_id(), self.owner.local_addr(), tenant, [3; 32], hashes, deadline).await
+    }
+    /// A sink into the target pool that takes `delay` per chunk.
+    fn slow_sink(&self, delay: Duration) -> Arc<SlowSink> {
+        Arc::new(SlowSink { inner: self.sink(), delay, landed: AtomicU64::new(0) })
+    }
+    /// Starts `dst`'s fetch of the session (60 s deadline) into a sink taking 20 ms per chunk
+    /// and returns once `landed` chunks have landed, the transfer still under way.
+    async fn slow_fetch_under_way(
+        &self,
+        dst: &Arc<PeerNode>,
+        landed: u64,
+    ) -> tokio::task::JoinHandle<Result<FetchReceipt, WireError>> {
+        let sink = self.slow_sink(Duration::from_millis(20));
+        let fetch = {
+            let dst = dst.clone();
+            let (id, addr, spec, sink) =
+                (self.src_id(), self.owner.local_addr(), self.spec(Duration::from_secs(60)), sink.clone());
+            tokio::spawn(async move { dst.fetch(&id, addr, spec, sink).await })
+        };
+        while sink.landed.load(Ordering::Relaxed) < landed {
+            assert!(!fetch.is_finished(), "the fetch ended before {landed} chunks landed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        fetch
     }
 }
 
@@ -295,10 +374,17 @@ async fn a_partial_prefix_is_what_the_owner_holds(t: TransportChoice) {
     s.assert_identical();
 }
 
-async fn refused(s: &Setup, dst: &PeerNode, spec: FetchSpec) -> WireError {
+async fn refused(s: &Setup, dst: &Arc<PeerNode>, spec: FetchSpec) -> WireError {
     let err = dst.fetch(&s.src_id(), s.owner.local_addr(), spec, s.sink()).await.unwrap_err();
     assert_eq!(s.counting.bytes.load(Ordering::Relaxed), 0, "KV bytes were read before the refusal: {err}");
     err
+}
+
+/// `dst`'s fetch is refused as not authorised, before the owner's catalog was asked.
+async fn refused_in_the_handshake(s: &Setup, dst: &Arc<PeerNode>) {
+    let e = refused(s, dst, s.spec(Duration::from_secs(10))).await;
+    assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
+    assert_eq!(s.catalog.opened.load(Ordering::Relaxed), 0);
 }
 
 async fn unknown_ca_is_refused_before_any_kv_byte(t: TransportChoice) {
@@ -306,17 +392,13 @@ async fn unknown_ca_is_refused_before_any_kv_byte(t: TransportChoice) {
     let other = DevPki::generate(TD).unwrap();
     // Same region name, same trust domain, but a certificate from a CA the owner never trusted.
     let dst = node(t, other.issue("dst").unwrap(), &s.pki, &["src"], s.catalog.clone(), 8 << 20);
-    let e = refused(&s, &dst, s.spec(Duration::from_secs(10))).await;
-    assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
-    assert_eq!(s.catalog.opened.load(Ordering::Relaxed), 0);
+    refused_in_the_handshake(&s, &dst).await;
 }
 
 async fn a_region_not_on_the_allow_list_is_refused(t: TransportChoice) {
     let s = setup(t, 4, 4, |x| x);
     let dst = s.requester("rogue", 8 << 20);
-    let e = refused(&s, &dst, s.spec(Duration::from_secs(10))).await;
-    assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
-    assert_eq!(s.catalog.opened.load(Ordering::Relaxed), 0);
+    refused_in_the_handshake(&s, &dst).await;
 }
 
 async fn a_certificate_with_two_uri_sans_is_refused(t: TransportChoice) {
@@ -326,9 +408,7 @@ async fn a_certificate_with_two_uri_sans_is_refused(t: TransportChoice) {
         .issue_with_uris(RegionId::new(TD, "dst").unwrap(), &["spiffe://kvferry.test/region/src"])
         .unwrap();
     let dst = node(t, two, &s.pki, &["src"], s.catalog.clone(), 8 << 20);
-    let e = refused(&s, &dst, s.spec(Duration::from_secs(10))).await;
-    assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
-    assert_eq!(s.catalog.opened.load(Ordering::Relaxed), 0);
+    refused_in_the_handshake(&s, &dst).await;
 }
 
 async fn a_server_impersonating_another_region_is_refused_by_the_client(t: TransportChoice) {
@@ -432,17 +512,7 @@ impl ChunkSink for SlowSink {
 async fn a_killed_connection_resumes_from_verified_chunks(t: TransportChoice) {
     let s = setup(t, 80, 40, |x| x); // 200 MiB in ~50 chunks of 4 MiB
     let dst = s.requester("dst", 64 << 20);
-    let sink =
-        Arc::new(SlowSink { inner: s.sink(), delay: Duration::from_millis(20), landed: AtomicU64::new(0) });
-    let fetch = {
-        let dst = dst.clone();
-        let (id, addr, spec, sink) =
-            (s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(60)), sink.clone());
-        tokio::spawn(async move { dst.fetch(&id, addr, spec, sink).await })
-    };
-    while sink.landed.load(Ordering::Relaxed) < 10 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let fetch = s.slow_fetch_under_way(&dst, 10).await;
     s.owner.close_connections();
     let r = fetch.await.unwrap().unwrap();
     assert!(r.reconnects >= 1, "{r:?}");
@@ -470,8 +540,7 @@ async fn memory_stays_inside_the_staging_bound_while_the_reader_stalls(t: Transp
     let s = setup(t, 80, 24, |x| x); // 120 MiB
     let bound = 16 << 20;
     let dst = s.requester("dst", bound);
-    let sink =
-        Arc::new(SlowSink { inner: s.sink(), delay: Duration::from_millis(30), landed: AtomicU64::new(0) });
+    let sink = s.slow_sink(Duration::from_millis(30));
     let r =
         dst.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(60)), sink).await.unwrap();
     let (_, fetch_hw) = dst.staging_high_water();
@@ -512,32 +581,12 @@ async fn a_query_reports_holdings_and_load_without_reading_kv(t: TransportChoice
     let dst = s.requester("dst", 8 << 20);
     let mut hashes = s.hashes.clone();
     hashes.push([0xAB; 32]);
-    let h = dst
-        .query(
-            &s.src_id(),
-            s.owner.local_addr(),
-            "tenant-a",
-            [3; 32],
-            hashes,
-            Instant::now() + Duration::from_secs(10),
-        )
-        .await
-        .unwrap();
+    let h = s.query(&dst, "tenant-a", hashes).await.unwrap();
     assert_eq!(h.blocks_held, 6);
     let load = h.load.expect("the owner reports its load with the manifest");
     assert_eq!(load.staging_bound, s.owner.staging_bound());
     assert_eq!(s.counting.bytes.load(Ordering::Relaxed), 0, "a query reads no KV byte");
-    let e = dst
-        .query(
-            &s.src_id(),
-            s.owner.local_addr(),
-            "tenant-b",
-            [3; 32],
-            s.hashes.clone(),
-            Instant::now() + Duration::from_secs(10),
-        )
-        .await
-        .unwrap_err();
+    let e = s.query(&dst, "tenant-b", s.hashes.clone()).await.unwrap_err();
     assert!(matches!(e, WireError::Refused { code: RefusalCode::TenantMismatch, .. }), "{e:?}");
 }
 
@@ -553,17 +602,7 @@ async fn retired_connections_close(node: &PeerNode) {
 async fn a_ca_rotation_mid_transfer_lets_it_finish_and_new_connections_use_the_new_ca(t: TransportChoice) {
     let s = setup(t, 80, 40, |x| x); // 200 MiB; the slow sink stretches it over ~1 s
     let dst = s.requester("dst", 64 << 20);
-    let sink =
-        Arc::new(SlowSink { inner: s.sink(), delay: Duration::from_millis(20), landed: AtomicU64::new(0) });
-    let fetch = {
-        let dst = dst.clone();
-        let (id, addr, spec, sink) =
-            (s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(60)), sink.clone());
-        tokio::spawn(async move { dst.fetch(&id, addr, spec, sink).await })
-    };
-    while sink.landed.load(Ordering::Relaxed) < 5 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let fetch = s.slow_fetch_under_way(&dst, 5).await;
     // Both sides move to a new CA mid-transfer, dropping the old one from their bundles.
     let ca2 = DevPki::generate(TD).unwrap();
     let r_owner = s.owner.reload_tls(ca2.issue("src").unwrap(), ca2.roots()).unwrap();
@@ -579,15 +618,16 @@ async fn a_ca_rotation_mid_transfer_lets_it_finish_and_new_connections_use_the_n
     retired_connections_close(&dst).await;
 
     // A new fetch dials a new connection, authenticated with the new identities both ways.
-    let fresh = || Arc::new(PoolChunks::new(s.layout.clone(), s.dst_backend.clone(), s.dst_ids.clone()));
-    let r =
-        dst.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), fresh()).await.unwrap();
+    let r = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), s.sink())
+        .await
+        .unwrap();
     assert_eq!((r.blocks, r.reconnects), (40, 0), "{r:?}");
     // A requester still on the old CA is refused by the rotated owner, before any KV byte.
     let read_before = s.counting.bytes.load(Ordering::Relaxed);
     let stale = node(t, s.pki.issue("dst").unwrap(), &s.pki, &["src"], s.catalog.clone(), 8 << 20);
     let e = stale
-        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), fresh())
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(10)), s.sink())
         .await
         .unwrap_err();
     assert!(matches!(e, WireError::NotAuthorised(_)), "{e:?}");
@@ -689,3 +729,128 @@ over_both_transports!(
     a_leaf_rotation_under_the_same_ca_keeps_open_connections,
     a_bad_new_identity_is_refused_and_the_old_one_keeps_serving,
 );
+
+// Striping (QUIC only: TCP already stripes over its data connections).
+
+/// Blocks in a striped test: 24 blocks of 4 layers × 64 KiB, 6 MiB in 256 KiB chunks; three
+/// stripes of eight blocks (each well over the four-chunk minimum).
+const STRIPED_BLOCKS: u32 = 24;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_fetch_lands_the_bytes_of_an_unstriped_one() {
+    let s = setup(TransportChoice::Quic, 4, STRIPED_BLOCKS, |x| x);
+    let dst = s.striped_requester("dst", 3);
+    let r = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), s.sink())
+        .await
+        .unwrap();
+    let total = s.layout.staging_len(u64::from(STRIPED_BLOCKS), 0..4).unwrap();
+    assert_eq!(r.blocks, STRIPED_BLOCKS, "{r:?}");
+    assert_eq!(r.bytes, total, "{r:?}");
+    assert_eq!(r.link.stripes, 3, "{r:?}");
+    assert!(r.first_layer.is_some_and(|f| f <= r.wall), "{r:?}");
+    assert_eq!(dst.link_to(&s.src_id()).map(|l| l.stripes), Some(3));
+    // Three transfers (two of them starting mid-chain), each on its own connection.
+    assert_eq!(s.catalog.opened.load(Ordering::Relaxed), 3);
+    assert_eq!(dst.connection_stats().len(), 3);
+    s.assert_identical();
+
+    // The same blocks fetched as one transfer into another pool: the same bytes.
+    let (other_pool, other_backend) = pool(&s.layout);
+    let one = s.striped_requester("dst", 1);
+    let sink = Arc::new(PoolChunks::new(s.layout.clone(), other_backend, s.dst_ids.clone()));
+    let r1 =
+        one.fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), sink).await.unwrap();
+    assert_eq!((r1.blocks, r1.bytes, r1.link.stripes), (STRIPED_BLOCKS, total, 1), "{r1:?}");
+    assert!(
+        read(&other_pool, &s.dst_ids, 4) == read(&s.dst_pool, &s.dst_ids, 4),
+        "striped and unstriped bytes differ"
+    );
+
+    // Too few blocks for two stripes of four chunks: one stripe.
+    let mut spec = s.spec(Duration::from_secs(30));
+    spec.hashes.truncate(6);
+    let r = dst.fetch(&s.src_id(), s.owner.local_addr(), spec, s.sink()).await.unwrap();
+    assert_eq!((r.blocks, r.link.stripes), (6, 1), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_striped_fetch_of_a_longer_chain_than_held_is_the_held_prefix() {
+    // The owner holds 24 blocks; 32 are asked for in 4 stripes of 8: the last stripe's blocks
+    // are unknown to the owner (refused), and the fetch is the 24 held.
+    let s = setup(TransportChoice::Quic, 4, STRIPED_BLOCKS, |x| x);
+    let dst = s.striped_requester("dst", 4);
+    let mut spec = s.spec(Duration::from_secs(30));
+    spec.hashes.extend((0..8u8).map(|i| [0xE0 | i; 32]));
+    let mut ids = s.dst_ids.clone();
+    ids.extend(STRIPED_BLOCKS..STRIPED_BLOCKS + 3);
+    ids.extend(0..5); // never landed: the owner does not hold these blocks
+    let sink = Arc::new(PoolChunks::new(s.layout.clone(), s.dst_backend.clone(), ids));
+    let r = dst.fetch(&s.src_id(), s.owner.local_addr(), spec, sink).await.unwrap();
+    assert_eq!((r.blocks, r.link.stripes), (STRIPED_BLOCKS, 4), "{r:?}");
+    s.assert_identical();
+}
+
+/// Tears every chunk from block `from` on (the owner checksums the real bytes and sends a
+/// flipped bit, each time it is asked): that stripe can never verify.
+struct TearFrom {
+    inner: Arc<dyn ChunkSource>,
+    from: u32,
+}
+
+impl ChunkSource for TearFrom {
+    fn read(&self, spec: ChunkSpec) -> BoxFut<'_, Result<ChunkBytes, ChunkError>> {
+        Box::pin(async move {
+            let real = self.inner.read(spec).await?;
+            if spec.blocks.0 < self.from {
+                return Ok(real);
+            }
+            let mut bad = (*real).as_ref().to_vec();
+            let mid = bad.len() / 2;
+            bad[mid] ^= 0x10;
+            Ok(Box::new(Torn { real, bad, calls: AtomicU64::new(0) }) as ChunkBytes)
+        })
+    }
+}
+
+/// A sink that records the first block of every chunk it landed.
+struct Recording {
+    inner: Arc<PoolChunks>,
+    firsts: std::sync::Mutex<Vec<u32>>,
+}
+
+impl ChunkSink for Recording {
+    fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
+        self.firsts.lock().unwrap().push(spec.blocks.0);
+        self.inner.land(spec, payload)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stripe_that_never_verifies_fails_the_whole_fetch() {
+    let s = setup(TransportChoice::Quic, 4, STRIPED_BLOCKS, |inner| Arc::new(TearFrom { inner, from: 16 }));
+    let dst = s.striped_requester("dst", 3);
+    let sink = Arc::new(Recording { inner: s.sink(), firsts: Default::default() });
+    let t = Instant::now();
+    let e = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(30)), sink.clone())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, WireError::TooManyRetries { .. }), "{e:?}");
+    // It failed on the retry limit, not the deadline; and no torn chunk ever landed.
+    assert!(t.elapsed() < Duration::from_secs(20), "took {:?}", t.elapsed());
+    assert!(dst.verify_failures() > u64::from(kvferry_peer::FetchPolicy::default().max_retries_per_chunk));
+    assert!(sink.firsts.lock().unwrap().iter().all(|&b| b < 16), "a corrupted chunk landed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn striped_connections_lost_mid_fetch_resume() {
+    let s = setup(TransportChoice::Quic, 4, 2 * STRIPED_BLOCKS, |x| x); // 12 MiB, 48 chunks
+    let dst = s.striped_requester("dst", 3);
+    let fetch = s.slow_fetch_under_way(&dst, 6).await;
+    s.owner.close_connections();
+    let r = fetch.await.unwrap().unwrap();
+    assert!(r.reconnects >= 1, "{r:?}");
+    assert_eq!((r.blocks, r.link.stripes), (2 * STRIPED_BLOCKS, 3), "{r:?}");
+    s.assert_identical();
+}

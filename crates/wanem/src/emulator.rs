@@ -157,7 +157,7 @@ impl Emulator {
         let seed = config.seed.unwrap_or_else(Rng::entropy_seed);
         let stop = Arc::new(AtomicBool::new(false));
         let counters = [Arc::new(DirCounters::default()), Arc::new(DirCounters::default())];
-        let buf_size = config.mtu as usize + 64;
+        let buf_size = config.mtu as usize + sys::VNET_HDR_LEN + 64;
         let mut emu = Self { stop, threads: Vec::new(), counters, config, seed, ns_a, ns_b };
         let dirs = [
             ("A->B", &tun_a, &tun_b, emu.config.path.ab.clone(), 0),

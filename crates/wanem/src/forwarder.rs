@@ -90,6 +90,7 @@ fn bump(a: &AtomicU64, by: u64) {
 
 struct Pkt {
     at: Instant,
+    /// Bytes in `buf`: the virtio header and the IP packet.
     len: usize,
     buf: Box<[u8]>,
 }
@@ -147,7 +148,7 @@ impl Forwarder {
                 match sys::write_packet(self.egress.as_fd(), &pkt.buf[..pkt.len]) {
                     Ok(()) => {
                         bump(&c.tx_packets, 1);
-                        bump(&c.tx_bytes, pkt.len as u64);
+                        bump(&c.tx_bytes, (pkt.len - sys::VNET_HDR_LEN) as u64);
                     }
                     Err(_) => bump(&c.io_errors, 1),
                 }
@@ -159,7 +160,13 @@ impl Forwarder {
             while got < READ_BATCH {
                 match sys::read_packet(self.ingress.as_fd(), &mut scratch) {
                     Ok(ReadOutcome::Packet(0)) | Ok(ReadOutcome::WouldBlock) => break,
-                    Ok(ReadOutcome::Packet(len)) => {
+                    Ok(ReadOutcome::Packet(n)) if n <= sys::VNET_HDR_LEN => {
+                        bump(&c.io_errors, 1);
+                    }
+                    Ok(ReadOutcome::Packet(n)) => {
+                        // `n` counts the virtio header, passed through untouched; the link
+                        // carries (and is charged for) the IP packet behind it.
+                        let len = n - sys::VNET_HDR_LEN;
                         got += 1;
                         bump(&c.rx_packets, 1);
                         bump(&c.rx_bytes, len as u64);
@@ -182,8 +189,8 @@ impl Forwarder {
                         };
                         let fresh = pool.pop().unwrap_or_else(|| vec![0u8; self.buf_size].into_boxed_slice());
                         let buf = std::mem::replace(&mut scratch, fresh);
-                        held_bytes += len;
-                        let pkt = Pkt { at, len, buf };
+                        held_bytes += n;
+                        let pkt = Pkt { at, len: n, buf };
                         if let Verdict::DeliverReordered(_) = verdict {
                             bump(&c.reordered, 1);
                             seq += 1;

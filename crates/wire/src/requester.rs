@@ -52,6 +52,10 @@ pub enum ChunkVerdict {
     Duplicate,
     /// Failed verification: dropped, a retransmit is queued.
     Corrupt { chunk: u32 },
+    /// Arrived before the manifest (chunks ride other streams than the control frames and
+    /// may overtake it): the driver holds the chunk and feeds it again after
+    /// [`Requester::on_manifest`]. Nothing was checked yet.
+    Early,
     /// Not part of the plan or a stale transfer: dropped.
     Ignored,
 }
@@ -246,6 +250,9 @@ impl Requester {
         self.check_deadline(now_ns)?;
         if h.transfer_id != self.transfer_id || self.machine.is_terminal() {
             return Ok(ChunkVerdict::Ignored);
+        }
+        if self.state() == State::Requested {
+            return Ok(ChunkVerdict::Early);
         }
         if !matches!(self.state(), State::Manifest | State::Streaming | State::Verifying) {
             // A late chunk from a connection we already gave up on.

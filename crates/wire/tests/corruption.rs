@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use common::Rng;
 use kvferry_wire::frame::{self, ChunkHeader, Done, Frame, Manifest};
-use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, RequesterConfig, State, WireError, Work};
+use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, State, WireError, Work};
 
 const LAYERS: u32 = 4;
 /// 32 KiB per block-layer with the 64 KiB minimum chunk: two blocks × one layer per chunk once
@@ -142,15 +142,7 @@ fn transfer(seed: u64, version: u64, p: f64, src: &Source, captured: &mut Vec<Ca
     let held = 1 + rng.below(u64::from(requested)) as u32;
     let tid = u128::from(rng.next()) << 64 | u128::from(seed);
     let hashes: Vec<[u8; 32]> = (0..requested).map(|i| [i as u8; 32]).collect();
-    let cfg = RequesterConfig {
-        layers: LAYERS,
-        bytes_per_block_layer: BPBL,
-        chunk_target_bytes: 64 << 10,
-        max_retries_per_chunk: 6,
-        deadline_ns: u64::MAX / 2,
-        missing_grace_ns: 60,
-        stall_timeout_ns: u64::MAX / 4,
-    };
+    let cfg = common::requester_config(LAYERS, BPBL, 6, (u64::MAX / 2, 60, u64::MAX / 4));
     let mut req = Requester::new(tid, "tenant".into(), FP, hashes, cfg);
     let (mut owner, manifest) = Owner::accept(&req.request(), held, LAYERS, BPBL).unwrap();
     let mut landed = vec![vec![0u8; BPBL as usize]; (held * LAYERS) as usize];
@@ -228,18 +220,15 @@ fn transfer(seed: u64, version: u64, p: f64, src: &Source, captured: &mut Vec<Ca
                             spec.id
                         )));
                     }
-                    let mut off = 0;
-                    for l in spec.layers.0..spec.layers.1 {
-                        for b in spec.blocks.0..spec.blocks.1 {
-                            landed[(l * held + b) as usize]
-                                .copy_from_slice(&payload[off..off + BPBL as usize]);
-                            off += BPBL as usize;
-                        }
-                    }
+                    common::land(&mut landed, held, BPBL, &spec, payload);
                 }
                 Ok(ChunkVerdict::Duplicate) => *t.verdicts.entry("duplicate").or_default() += 1,
                 Ok(ChunkVerdict::Corrupt { .. }) => *t.verdicts.entry("corrupt").or_default() += 1,
                 Ok(ChunkVerdict::Ignored) => *t.verdicts.entry("ignored").or_default() += 1,
+                // Chunks are fed only after the manifest here.
+                Ok(ChunkVerdict::Early) => {
+                    t.accepted.push(ctx("a chunk after the manifest was called early"))
+                }
                 Err(e) => {
                     result = Err(e);
                     break;

@@ -2,8 +2,10 @@
 //! driver sleeps exactly until then instead of ticking: the stall timeout and the deadline
 //! before anything arrives, the retransmit grace once the owner's `Done` left chunks missing.
 
+mod common;
+
 use kvferry_wire::frame::Frame;
-use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, RequesterConfig, State};
+use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, State};
 
 const MS: u64 = 1_000_000;
 
@@ -11,22 +13,10 @@ fn payload(spec: &ChunkSpec) -> Vec<u8> {
     (0..spec.len).map(|i| (i as u8) ^ (spec.id as u8)).collect()
 }
 
-fn config() -> RequesterConfig {
-    RequesterConfig {
-        layers: 4,
-        bytes_per_block_layer: 32 << 10,
-        chunk_target_bytes: 64 << 10,
-        max_retries_per_chunk: 3,
-        deadline_ns: 10_000 * MS,
-        missing_grace_ns: 200 * MS,
-        stall_timeout_ns: 1_000 * MS,
-    }
-}
-
 #[test]
 fn the_timer_is_due_at_the_stall_timeout_then_at_the_retransmit_grace() {
     let hashes: Vec<[u8; 32]> = (0..8u8).map(|i| [i; 32]).collect();
-    let mut req = Requester::new(7, "t".into(), [1; 32], hashes, config());
+    let mut req = Requester::new(7, "t".into(), [1; 32], hashes, common::small_requester_config());
     // Nothing received yet: the stall timeout (before the deadline) is what is due.
     assert_eq!(req.poll_timeout(), Some(1_000 * MS));
 

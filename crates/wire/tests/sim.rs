@@ -16,7 +16,7 @@ mod common;
 use common::Rng;
 
 use kvferry_wire::frame::{self, Frame};
-use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, RequesterConfig, State, WireError, Work};
+use kvferry_wire::{ChunkSpec, ChunkVerdict, Owner, Requester, State, WireError, Work};
 
 #[derive(Clone, Copy, Debug)]
 struct Faults {
@@ -90,26 +90,25 @@ impl Wire {
 struct Outcome {
     result: Result<(), WireError>,
     reconnects: u32,
+    /// Chunks that arrived before their manifest (held, then fed again).
+    early: u32,
+    /// Retransmit frames the owner received.
+    retransmits: u32,
 }
 
 fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> Outcome {
     let mut rng = Rng(seed);
     let hashes: Vec<[u8; 32]> = (0..blocks).map(|i| [i as u8; 32]).collect();
-    let cfg = RequesterConfig {
-        layers: LAYERS,
-        bytes_per_block_layer: BPBL,
-        chunk_target_bytes: 64 << 10,
-        max_retries_per_chunk: 8,
-        deadline_ns: deadline_ms * TICK,
-        missing_grace_ns: 20 * TICK,
-        stall_timeout_ns: 200 * TICK,
-    };
+    let cfg = common::requester_config(LAYERS, BPBL, 8, (deadline_ms * TICK, 20 * TICK, 200 * TICK));
     let mut req = Requester::new(u128::from(seed) << 1 | 1, "tenant".into(), [9; 32], hashes, cfg);
     let mut landed = vec![vec![0u8; BPBL as usize]; (held * LAYERS) as usize];
     let mut to_owner = Wire::new();
     let mut to_req = Wire::new();
     let mut owner: Option<Owner> = None;
     let mut reconnects = 0;
+    let mut early: Vec<Vec<u8>> = Vec::new();
+    let mut early_seen = 0;
+    let mut retransmits = 0;
     let mut now = 0;
     let request = req.request();
     to_owner.send(&mut rng, &Faults { drop: 0.0, ..faults }, now, &Frame::Request(request), None);
@@ -123,6 +122,7 @@ fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> O
         if (stalled || rng.chance(faults.kill)) && !matches!(req.state(), State::Committed | State::Aborted) {
             to_owner = Wire::new();
             to_req = Wire::new();
+            early.clear();
             owner = None;
             reconnects += 1;
             match req.on_connection_lost(now) {
@@ -153,6 +153,7 @@ fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> O
                     Err(refusal) => to_req.send(&mut rng, &faults, now, &Frame::Refusal(refusal), None),
                 },
                 Frame::Retransmit(r) => {
+                    retransmits += 1;
                     if let Some(o) = owner.as_mut() {
                         let _ = o.on_retransmit(&r.chunk_ids);
                     }
@@ -181,14 +182,22 @@ fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> O
                 to_req.send(&mut rng, &faults, now, &Frame::Done(d), None);
             }
         }
-        // Requester side.
-        for bytes in to_req.due(now) {
+        // Requester side. Chunks that overtook the manifest are held and fed again after it,
+        // as the driver does.
+        let mut inbox: std::collections::VecDeque<Vec<u8>> = to_req.due(now).into();
+        while let Some(bytes) = inbox.pop_front() {
             let (f, used) = match frame::decode(&bytes) {
                 Ok(Some(x)) => x,
                 _ => continue, // a corrupted prefix: the stream is dropped
             };
             let step = match f {
-                Frame::Manifest(m) => req.on_manifest(now, &m),
+                Frame::Manifest(m) => {
+                    let step = req.on_manifest(now, &m);
+                    if step.is_ok() {
+                        inbox.extend(early.drain(..));
+                    }
+                    step
+                }
                 Frame::Refusal(r) => Err(req.on_refusal(&r)),
                 Frame::Chunk(h) => {
                     let payload = &bytes[used..];
@@ -199,14 +208,12 @@ fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> O
                                 &chunk_payload(&spec)[..],
                                 "seed {seed}: corrupt bytes reached landing"
                             );
-                            let mut off = 0;
-                            for l in spec.layers.0..spec.layers.1 {
-                                for b in spec.blocks.0..spec.blocks.1 {
-                                    landed[(l * held + b) as usize]
-                                        .copy_from_slice(&payload[off..off + BPBL as usize]);
-                                    off += BPBL as usize;
-                                }
-                            }
+                            common::land(&mut landed, held, BPBL, &spec, payload);
+                            Ok(())
+                        }
+                        Ok(ChunkVerdict::Early) => {
+                            early_seen += 1;
+                            early.push(bytes.clone());
                             Ok(())
                         }
                         Ok(_) => Ok(()),
@@ -245,7 +252,7 @@ fn run(seed: u64, blocks: u32, held: u32, faults: Faults, deadline_ms: u64) -> O
         }
         Err(_) => assert_eq!(req.valid_blocks(), 0, "seed {seed}: an aborted transfer left valid blocks"),
     }
-    Outcome { result, reconnects }
+    Outcome { result, reconnects, early: early_seen, retransmits }
 }
 
 const CLEAN: Faults = Faults { drop: 0.0, dup: 0.0, corrupt: 0.0, max_delay: 0, kill: 0.0 };
@@ -282,6 +289,25 @@ fn every_fault_kind_alone_and_together_over_many_seeds() {
         }
     }
     assert!(reconnects > 0, "the kill profile never killed a connection");
+}
+
+#[test]
+fn chunks_that_overtake_the_manifest_are_not_fetched_twice() {
+    // Delay alone reorders frames (chunks before their manifest) but loses nothing, and the
+    // grace after Done (200 ms) outlasts the delay (30 ms): no chunk is ever asked for again.
+    let mut early = 0;
+    for seed in 0..40u64 {
+        let o = run(
+            seed,
+            1 + (seed % 53) as u32,
+            1 + (seed % 53) as u32,
+            Faults { max_delay: 30 * TICK, ..CLEAN },
+            60_000,
+        );
+        assert_eq!((o.result, o.retransmits), (Ok(()), 0), "seed {seed}");
+        early += o.early;
+    }
+    assert!(early > 0, "the delay profile never let a chunk overtake its manifest");
 }
 
 #[test]

@@ -40,22 +40,20 @@ pub fn node(
     catalog: Arc<dyn BlockCatalog>,
     staging: usize,
 ) -> Arc<PeerNode> {
-    node_with(dial, identity, pki, allowed, catalog, staging, |_| {})
+    PeerNode::start(config(dial, identity, pki, allowed, staging), catalog).unwrap()
 }
 
-/// [`node`], with `tweak` applied to its configuration before it starts (the fault tests'
-/// short idle timeout, small chunks and short retransmit grace).
-pub fn node_with(
+/// The configuration [`node`] starts with, for a test that changes it before starting (the
+/// fault tests' short idle timeout, small chunks and short retransmit grace).
+pub fn config(
     dial: impl Into<Dial>,
     identity: TlsIdentity,
     pki: &DevPki,
     allowed: &[&str],
-    catalog: Arc<dyn BlockCatalog>,
     staging: usize,
-    tweak: impl FnOnce(&mut PeerConfig),
-) -> Arc<PeerNode> {
+) -> PeerConfig {
     let Dial { transport, tcp_listen } = dial.into();
-    let mut cfg = PeerConfig {
+    PeerConfig {
         identity,
         policy: TrustPolicy {
             roots: pki.roots(),
@@ -64,7 +62,9 @@ pub fn node_with(
         },
         listen: "127.0.0.1:0".parse().unwrap(),
         tuning: LinkTuning {
-            rtt: Duration::from_millis(1),
+            // Long enough that the QUIC socket coalesces receives (kvferry_peer::transport::
+            // MIN_RTT_FOR_COALESCING), as on a WAN: every QUIC test runs through that path.
+            rtt: Duration::from_millis(20),
             idle_timeout: Duration::from_secs(3),
             ..LinkTuning::default()
         },
@@ -74,9 +74,7 @@ pub fn node_with(
         transport,
         tcp_listen,
         auto_fallback: Duration::from_millis(300),
-    };
-    tweak(&mut cfg);
-    PeerNode::start(cfg, catalog).unwrap()
+    }
 }
 
 /// Runs each listed case — an `async fn(TransportChoice)` of the test file — over QUIC

@@ -20,13 +20,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
-use kvferry_peer::{PeerConfig, TransportChoice};
+use kvferry_peer::TransportChoice;
 use kvferry_wanem::relay::Relay;
 use kvferry_wanem::rng::Rng;
 use kvferry_wire::{ChunkHeader, ChunkPlan};
 
 use super::*;
-use crate::common::node_with;
+use crate::common::config;
 
 /// How late past its deadline a fetch may end (a loaded 2-core CI machine's scheduling).
 const GRACE: Duration = Duration::from_secs(1);
@@ -46,20 +46,12 @@ fn seed() -> u64 {
 /// A requester endpoint for the fault tests: 1 s idle timeout (so a stalled connection is
 /// given up after 1 s), 64 KiB chunks, a 100 ms retransmit grace.
 fn fault_node(s: &Setup) -> Arc<PeerNode> {
-    node_with(
-        TransportChoice::Quic,
-        s.pki.issue("dst").unwrap(),
-        &s.pki,
-        &["src"],
-        s.catalog.clone(),
-        16 << 20,
-        |c: &mut PeerConfig| {
-            c.tuning.idle_timeout = Duration::from_secs(1);
-            c.chunk_target_bytes = CHUNK;
-            c.fetch.missing_grace = Duration::from_millis(100);
-            c.fetch.reconnect_backoff = Duration::from_millis(20);
-        },
-    )
+    let mut c = config(TransportChoice::Quic, s.pki.issue("dst").unwrap(), &s.pki, &["src"], 16 << 20);
+    c.tuning.idle_timeout = Duration::from_secs(1);
+    c.chunk_target_bytes = CHUNK;
+    c.fetch.missing_grace = Duration::from_millis(100);
+    c.fetch.reconnect_backoff = Duration::from_millis(20);
+    PeerNode::start(c, s.catalog.clone()).unwrap()
 }
 
 /// Where a fetch lands: chunk by chunk in memory, each compared with the owner's real bytes
