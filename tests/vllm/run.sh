@@ -19,6 +19,11 @@ py="$venv/bin/python"
 PYTHON="$py" source deploy/install-nixl.sh >/dev/null
 
 work="${KVFERRY_VLLM_WORK:-$(mktemp -d /tmp/kvferry-vllm.XXXXXX)}"
+if [ -z "${KVFERRY_VLLM_WORK:-}" ]; then
+    # A scratch dir of our own: on exit keep the logs and the JSON, drop the binaries and the
+    # generated models (~300 MB a run).
+    trap 'rm -rf "$work/bin" "$work/models" "$work"/tiny-llama-*' EXIT
+fi
 mkdir -p "$work/bin"
 if [ -n "${KVFERRY_VLLM_BIN_DIR:-}" ]; then
     target="$KVFERRY_VLLM_BIN_DIR"

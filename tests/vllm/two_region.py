@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import grpc  # noqa: E402
 from harness import ModelShape, Region, pair  # noqa: E402
 
 from kvferry.router import MigrationResult, RouterClient  # noqa: E402
@@ -63,18 +64,13 @@ B_FAULTS = f"""[faults]
 fail_loads = ["{FAIL_LOADS}"]
 """
 
+# The two tiny Llamas: name, layers, kv_heads, heads, head_dim, dtype, block_size, KV cache bytes.
+TINY_F32 = ModelShape("tiny-llama-f32", 4, 2, 4, 64, "float32", 128, 32 << 20)
+TINY_BF16 = ModelShape("tiny-llama-bf16", 3, 4, 4, 32, "bfloat16", 64, 8 << 20)
+
 CASES = [
     Case(
-        ModelShape(
-            "tiny-llama-f32",
-            layers=4,
-            kv_heads=2,
-            heads=4,
-            head_dim=64,
-            dtype="float32",
-            block_size=128,
-            kv_bytes=32 << 20,
-        ),
+        TINY_F32,
         egress_gbps=0.02,
         chunk_bytes=1 << 20,
         phases=(
@@ -85,20 +81,13 @@ CASES = [
             "evicted_before",
             "corrupt",
             "load_fails",
+            "daemon_restart",
+            "cancel",
             "cut",
         ),
     ),
     Case(
-        ModelShape(
-            "tiny-llama-bf16",
-            layers=3,
-            kv_heads=4,
-            heads=4,
-            head_dim=32,
-            dtype="bfloat16",
-            block_size=64,
-            kv_bytes=8 << 20,
-        ),
+        TINY_BF16,
         # 96 KiB per block: a 15-block prefix takes ~12 s at 1 Mbit/s, in 128 KiB chunks.
         egress_gbps=0.001,
         chunk_bytes=128 << 10,
@@ -187,6 +176,8 @@ def reference(b: Region, turn2: list[int], tag: str) -> list[int]:
 
 def run_case(case: Case, work: Path, bin_dir: Path, model_dir: Path, only: set[str]) -> dict[str, Any]:
     shape = case.shape
+    if only and not only & set(case.phases):
+        return {"shape": shape.__dict__, "skipped": "none of its phases asked for (--only)"}
     env = dict(os.environ)
     a, b = pair(work / shape.name, bin_dir, model_dir, shape, egress_gbps_a=case.egress_gbps)
     a.chunk_bytes = b.chunk_bytes = case.chunk_bytes
@@ -405,6 +396,155 @@ def phase_load_fails(a: Region, b: Region, rng: random.Random, shape: ModelShape
     return m
 
 
+def wait_until(cond: Any, what: str, timeout: float) -> None:
+    t = time.time()
+    while not cond():
+        if time.time() - t > timeout:
+            raise Failed(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.2)
+
+
+def phase_daemon_restart(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    """B's daemon is SIGKILLed and started again on the same config while vLLM B stays up:
+    the connector registers again (new lease) and publishes again the blocks vLLM B still
+    holds (at its next scheduler step); they are visible in B's GetResidency, A fetches them
+    from B, and a migration from A into B works again."""
+    bs = shape.block_size
+    # A conversation computed in B itself (nowhere else): what B must publish again.
+    held, _ = conversation(b, "t-held-b", rng, 4 * bs)
+    want = full_tokens(len(held), bs)
+    assert b.daemon is not None and b.vllm is not None
+    t0 = time.time()
+    os.killpg(b.daemon.pid, signal.SIGKILL)
+    b.daemon.wait()
+    b.daemon = None
+    for stale in ("engine.sock", "pool.sock"):
+        (b.dir / stale).unlink(missing_ok=True)
+    log = b.dir / "vllm.log"
+    again0 = log.read_text(errors="replace").count("registered again with the daemon after it went away")
+    b.start_daemon(dict(os.environ))
+    wait_until(
+        lambda: (
+            log.read_text(errors="replace").count("registered again with the daemon after it went away")
+            > again0
+        ),
+        "the connector to register again",
+        60,
+    )
+    rc = RouterClient(b.router_addr, timeout_s=30)
+
+    def b_holds() -> bool:
+        # The connector publishes again at vLLM B's next scheduler step: a request makes one.
+        b.complete(prompt(rng, 16), 1, tenant="t-restart-poke")
+        try:
+            res = rc.residency("t-held-b", held, model_id=shape.name)
+        except grpc.RpcError:  # NOT_FOUND until the new lease is attached
+            return False
+        here = [h for h in res.holdings if h.region == b.name]
+        return bool(here) and here[0].tokens >= want
+
+    try:
+        wait_until(b_holds, "B's residency view to show vLLM B's republished blocks", 60)
+    finally:
+        rc.close()
+    republished_s = time.time() - t0
+    check(b.vllm.poll() is None, "daemon restart: vLLM B stayed up")
+    text = log.read_text(errors="replace")
+    check("held blocks again" in text, "daemon restart: the connector published its held blocks again")
+    out: dict[str, Any] = {"republished_s": republished_s}
+    # A fetch from B: A's plan must first see B's blocks (A's link to the old B reconnects).
+    rc = RouterClient(a.router_addr, timeout_s=30)
+    req = rc.request(
+        "s-held-plan", "t-held-b", held, model_id=shape.name, policy="fetch", source_region=b.name
+    )
+
+    def a_sees() -> bool:
+        try:
+            return rc.plan(req).source_tokens >= want
+        except grpc.RpcError:  # A's link to the old B is still going down
+            return False
+
+    try:
+        wait_until(a_sees, "A's plan to see B's republished blocks", 60)
+    finally:
+        rc.close()
+    m = migrate(a, b, "t-held-b", held, "fetch")
+    out["from_b"] = m
+    check(
+        m["receipt"] == "fetch" and not m["fallback"], "daemon restart: A fetched B's republished blocks", **m
+    )
+    check(m["tokens_ready"] == want, "daemon restart: the fetch from B covers the full blocks", **m)
+    # And a migration into the restarted B.
+    ctx, turn2 = conversation(a, "t-after-restart", rng, 4 * bs)
+    m = migrate(b, a, "t-after-restart", ctx, "fetch")
+    out["into_b"] = m
+    check(m["receipt"] == "fetch" and not m["fallback"], "daemon restart: a fetch into B works again", **m)
+    next_turn_warm(b, turn2, "t-after-restart", ctx, bs, "after the daemon restart")
+    print(f"    B's blocks published again {republished_s:.1f} s after the SIGKILL", flush=True)
+    return out
+
+
+def cancels(r: Region, state: str) -> float:
+    sample = f'kvferry_recompute_cancels_total{{state="{state}"}} '
+    for line in r.metrics().splitlines():
+        if line.startswith(sample):
+            return float(line.rsplit(" ", 1)[1])
+    raise Failed(f"no {sample.strip()} in B's metrics")
+
+
+def phase_cancel(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
+    """A recompute the daemon gives up on at its deadline: B's daemon sends CancelRecompute,
+    the connector stops the prefill (closes its completion request) and answers RecomputeDone
+    with `cancelled`, which the daemon counts as acknowledged."""
+    n = 1900  # under --max-model-len 2048
+    full = b.complete(prompt(rng, n), 1, tenant="t-cancel-probe")
+    sent0, acked0 = cancels(b, "sent"), cancels(b, "acknowledged")
+    # A fifth of what a full prefill of such a prompt takes: the daemon gives up mid-way.
+    deadline_ms = max(10, int(full["wall_s"] * 1000 / 5))
+    rc = RouterClient(b.router_addr, timeout_s=60)
+    req = rc.request(
+        "s-cancel",
+        "t-cancel",
+        prompt(rng, n),
+        model_id=shape.name,
+        policy="recompute",
+        deadline_ms=deadline_ms,
+    )
+    code = ""
+    try:
+        rc.migrate(req)
+    except grpc.RpcError as e:
+        code = e.code().name
+    finally:
+        rc.close()
+    check(
+        code == "DEADLINE_EXCEEDED",
+        "cancel: the recompute missed its deadline",
+        code=code,
+        deadline_ms=deadline_ms,
+    )
+    wait_until(
+        lambda: cancels(b, "acknowledged") > acked0, "the connector's acknowledgement of the cancel", 30
+    )
+    out = {
+        "deadline_ms": deadline_ms,
+        "full_prefill_s": full["wall_s"],
+        "cancels_sent": cancels(b, "sent") - sent0,
+        "cancels_acked": cancels(b, "acknowledged") - acked0,
+    }
+    check(out["cancels_sent"] >= 1, "cancel: B's daemon sent CancelRecompute", **out)
+    log = (b.dir / "daemon.log").read_text(errors="replace")
+    check(
+        "the engine cancelled a recompute past its deadline" in log,
+        "cancel: B's daemon logged the ack",
+        **out,
+    )
+    # vLLM B is free again.
+    r = b.complete(prompt(rng, 40), 2, tenant="t-after-cancel")
+    check(len(r["tokens"]) == 2, "cancel: vLLM B serves on", **out)
+    return out
+
+
 def phase_cut(a: Region, b: Region, rng: random.Random, shape: ModelShape) -> dict[str, Any]:
     """The source freezes mid-migration (SIGSTOP: no FIN, no reset, like a cut link), then dies.
     Runs last for its pair: daemon A is gone afterwards."""
@@ -440,6 +580,8 @@ PHASES = {
     "evicted_during": phase_evicted_during,
     "corrupt": phase_corrupt,
     "load_fails": phase_load_fails,
+    "daemon_restart": phase_daemon_restart,
+    "cancel": phase_cancel,
     "cut": phase_cut,
 }
 

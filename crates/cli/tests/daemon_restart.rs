@@ -7,22 +7,8 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
-use kvferry_proto::v1::{PolicyMode, ResidencyRequest};
-
-async fn wait_log(cl: &Cluster, i: usize, what: &str, needle: &str, times: usize) {
-    let t = Instant::now();
-    while cl.log(i, what).matches(needle).count() < times {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{what} log never said {needle:?} {times}×:\n{}",
-            cl.log(i, what)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use kvferry_proto::v1::PolicyMode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_engine_survives_its_daemon_restart_killed_or_stopped() {
@@ -41,8 +27,8 @@ async fn an_engine_survives_its_daemon_restart_killed_or_stopped() {
         cl.restart_daemon(0, kill);
         let how = if kill { "SIGKILL" } else { "SIGTERM" };
         // The engine re-registers and publishes its cache again.
-        wait_log(&cl, 0, "engine", "registered again with the daemon", round).await;
-        wait_log(&cl, 0, "engine", "cached blocks published again", round).await;
+        cl.wait_log(0, "engine", "registered again with the daemon", round).await;
+        cl.wait_log(0, "engine", "cached blocks published again", round).await;
         assert!(cl.alive("engine-a"), "engine A exited after its daemon's {how}:\n{}", cl.log(0, "engine"));
 
         // Its blocks are visible again: A's residency view and B's plan see the prefix.
@@ -51,15 +37,7 @@ async fn an_engine_survives_its_daemon_restart_killed_or_stopped() {
         let session = format!("s-restart-{round}");
         let req = request(&session, &convo, PolicyMode::Fetch);
         wait_for_source(&mut router_b, &req).await;
-        let res = router_a
-            .get_residency(ResidencyRequest {
-                tenant: TENANT.into(),
-                token_ids: convo.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let res = residency(&mut router_a, TENANT, &convo, &[]).await;
         let here = res.holdings.iter().find(|h| h.region == "region-a").expect("region-a in the view");
         assert!(here.tokens >= full as u64, "after the {how}, A's view: {res:?}");
 

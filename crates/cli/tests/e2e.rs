@@ -9,28 +9,52 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Cluster, RegionSpec, TENANT, generate, migrate, request, tokens};
+use common::{Cluster, RegionSpec, TENANT, assert_warm_equals_cold, generate, migrate, request, tokens};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
-use kvferry_proto::v1::{Action, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode};
+use kvferry_proto::v1::{
+    Action, Decision, GetLinksRequest, MigrateSessionRequest, Policy, PolicyMode, Receipt,
+};
 use tonic::transport::Channel;
 
-/// The next turn in region B, warm and from scratch, must agree bit for bit.
-async fn assert_warm_equals_cold(b: &mut ReferenceEngineClient<Channel>, convo: &[u32], min_ready: u64) {
-    let mut next = convo.to_vec();
-    next.extend(tokens(7, 99));
-    let warm = generate(b, &next, true).await;
-    let cold = generate(b, &next, false).await;
-    assert!(
-        warm.loaded_tokens >= min_ready,
-        "only {} tokens were ready (want {min_ready})",
-        warm.loaded_tokens
-    );
-    assert_eq!(warm.new_tokens, cold.new_tokens);
-    assert_eq!(
-        warm.logits_digest, cold.logits_digest,
-        "logits after the migrated prefix differ from a recompute"
-    );
+/// Region A's engine and region B's router and engine: what a migration into B is driven
+/// and checked with.
+struct IntoB<'a> {
+    a: &'a mut ReferenceEngineClient<Channel>,
+    router_b: &'a mut MigrationClient<Channel>,
+    b: &'a mut ReferenceEngineClient<Channel>,
+}
+
+impl IntoB<'_> {
+    /// The fetch path: a 600-token conversation (`seed`) in A, migrated to B as `session`
+    /// with policy fetch once A's daemon holds it (an engine reports its blocks
+    /// asynchronously): every full block but the one with the last token fetched, verified
+    /// bytes moved, no fallback, and B's next turn warm and bit-identical to a full
+    /// recompute. Returns the conversation, the decision and the receipt.
+    async fn fetch(&mut self, session: &str, seed: u64) -> (Vec<u32>, Decision, Receipt) {
+        let convo = tokens(600, seed);
+        generate(self.a, &convo, true).await;
+        let req = request(session, &convo, PolicyMode::Fetch);
+        wait_for_fetch_plan(self.router_b, &req).await;
+        let (d, r) = migrate(self.router_b, req).await;
+        assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+        assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
+        assert_eq!(r.tokens_ready, 592);
+        assert_warm_equals_cold(self.b, &convo, 592).await;
+        (convo, d, r)
+    }
+
+    /// The recompute path: a 300-token conversation (`seed`) in A, migrated to B as
+    /// `session` with policy recompute: no byte moves, B's engine computes the prefix on the
+    /// daemon's instruction, and B's next turn is warm and bit-identical to a full recompute.
+    async fn recompute(&mut self, session: &str, seed: u64) {
+        let convo = tokens(300, seed);
+        generate(self.a, &convo, true).await;
+        let (d, r) = migrate(self.router_b, request(session, &convo, PolicyMode::Recompute)).await;
+        assert_eq!((d.action.as_str(), r.action.as_str()), ("recompute", "recompute"));
+        assert!(r.tokens_ready >= 288 && r.bytes_moved == 0, "{r:?}");
+        assert_warm_equals_cold(self.b, &convo, 288).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -40,28 +64,16 @@ async fn two_regions_end_to_end() {
     let mut router_b = cl.router(1).await;
 
     // 1. Fetch path: a conversation in A; B fetches its prefix; B's next turn is exact.
-    let convo = tokens(600, 1);
-    generate(&mut a, &convo, true).await;
-    // The engine reports its blocks to its daemon asynchronously: wait until A's daemon has them.
-    wait_for_fetch_plan(&mut router_b, &request("s-fetch", &convo, PolicyMode::Fetch)).await;
-    let (d, r) = migrate(&mut router_b, request("s-fetch", &convo, PolicyMode::Fetch)).await;
-    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    let (convo, d, r) = IntoB { a: &mut a, router_b: &mut router_b, b: &mut b }.fetch("s-fetch", 1).await;
     assert_eq!((d.kind(), r.kind()), (Action::Fetch, Action::Fetch), "the typed action agrees");
     assert_eq!(d.source_tokens, 592, "A holds every full block but the one with the last token");
-    assert!(r.bytes_moved > 0 && r.goodput_gbps > 0.0 && r.fallback.is_empty(), "{r:?}");
-    assert_eq!(r.tokens_ready, 592);
-    assert_warm_equals_cold(&mut b, &convo, 592).await;
+    assert!(r.goodput_gbps > 0.0, "{r:?}");
     // Migrating again: already local.
     let (d, _) = migrate(&mut router_b, request("s-fetch-2", &convo, PolicyMode::Auto)).await;
     assert_eq!(d.action, "already_local");
 
     // 2. Recompute path: the engine receives and runs the instruction, so the next turn is warm.
-    let convo2 = tokens(300, 2);
-    generate(&mut a, &convo2, true).await;
-    let (d, r) = migrate(&mut router_b, request("s-recompute", &convo2, PolicyMode::Recompute)).await;
-    assert_eq!((d.action.as_str(), r.action.as_str()), ("recompute", "recompute"));
-    assert!(r.tokens_ready >= 288 && r.bytes_moved == 0, "{r:?}");
-    assert_warm_equals_cold(&mut b, &convo2, 288).await;
+    IntoB { a: &mut a, router_b: &mut router_b, b: &mut b }.recompute("s-recompute", 2).await;
 
     // 3. Split: an egress cap forbids a full fetch; the split recomputes the head and fetches the tail.
     let convo3 = tokens(640, 3);
@@ -260,23 +272,10 @@ async fn nixl_pool_end_to_end() {
     assert!(log.contains("NIXL pool attached"), "region B's pool did not come through NIXL:\n{log}");
 
     // Fetch into B: the landed blocks are written into B's engine with NIXL WRITE.
-    let convo = tokens(600, 21);
-    generate(&mut a, &convo, true).await;
-    let req = request("s-nixl-fetch", &convo, PolicyMode::Fetch);
-    wait_for_fetch_plan(&mut router_b, &req).await;
-    let (d, r) = migrate(&mut router_b, req).await;
-    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
-    assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
-    assert_eq!(r.tokens_ready, 592);
-    assert_warm_equals_cold(&mut b, &convo, 592).await;
+    IntoB { a: &mut a, router_b: &mut router_b, b: &mut b }.fetch("s-nixl-fetch", 21).await;
 
     // Recompute in B.
-    let convo2 = tokens(300, 22);
-    generate(&mut a, &convo2, true).await;
-    let (d, r) = migrate(&mut router_b, request("s-nixl-recompute", &convo2, PolicyMode::Recompute)).await;
-    assert_eq!((d.action.as_str(), r.action.as_str()), ("recompute", "recompute"));
-    assert!(r.tokens_ready >= 288 && r.bytes_moved == 0, "{r:?}");
-    assert_warm_equals_cold(&mut b, &convo2, 288).await;
+    IntoB { a: &mut a, router_b: &mut router_b, b: &mut b }.recompute("s-nixl-recompute", 22).await;
 
     // The other way: A fetches from B, whose daemon reads B's blocks with NIXL READ.
     let convo3 = tokens(390, 23);
@@ -307,16 +306,9 @@ async fn a_fetch_over_tcp_lands_exact_and_says_so() {
     let cl = Cluster::start([tcp.clone(), tcp]);
     let (mut a, mut b) = (cl.engine(0).await, cl.engine(1).await);
     let mut router_b = cl.router(1).await;
-    let convo = tokens(600, 41);
-    generate(&mut a, &convo, true).await;
-    let req = request("s-tcp", &convo, PolicyMode::Fetch);
-    wait_for_fetch_plan(&mut router_b, &req).await;
-    let (d, r) = migrate(&mut router_b, req).await;
-    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
-    assert!(r.bytes_moved > 0 && r.fallback.is_empty(), "{r:?}");
-    assert_eq!((r.tokens_ready, r.transport.as_str()), (592, "tcp"), "{r:?}");
+    let (_, _, r) = IntoB { a: &mut a, router_b: &mut router_b, b: &mut b }.fetch("s-tcp", 41).await;
+    assert_eq!(r.transport, "tcp", "{r:?}");
     assert!(r.path.contains("TCP (TLS 1.3") && !r.congestion.is_empty(), "{r:?}");
-    assert_warm_equals_cold(&mut b, &convo, 592).await;
     let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let l = links.links.iter().find(|l| l.region == "region-a").expect("region-a in GetLinks");
     assert_eq!((l.transport_setting.as_str(), l.transport.as_str()), ("tcp", "tcp"), "{l:?}");

@@ -11,13 +11,16 @@
 //!   hedged, with the losing recompute's time accounted (`kvferry_hedge_wasted_milliseconds_total`)
 //!   and the recompute cancelled in the engine (sent and acknowledged), and the next turn
 //!   equals a cold recompute.
+//!
+//! In both, the hedge's legs ran at once, so neither calibrates the pure actions: B's
+//! `GetLinks` shows no fetch sample for the link to A and no recompute sample for its engine.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
 use common::*;
-use kvferry_proto::v1::{Action, PolicyMode};
+use kvferry_proto::v1::{Action, GetLinksRequest, PolicyMode};
 
 fn hedging_b(c: &mut kvferry_daemon::Config) {
     use kvferry_daemon::config::HedgeMode;
@@ -32,14 +35,17 @@ async fn landing(cl: &Cluster, state: &str) -> f64 {
 }
 
 /// The next turn in region B, warm and from scratch, must agree bit for bit.
+/// Calibration samples B holds: (fetch, for the link to A; recompute, for engine-b).
+async fn samples_in_b(cl: &Cluster) -> (u32, u32) {
+    let links = cl.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let fetch = links.links.iter().find(|l| l.region == "region-a").map_or(0, |l| l.calibration_samples);
+    let recompute =
+        links.engines.iter().find(|e| e.engine_id == "engine-b").map_or(0, |e| e.calibration_samples);
+    (fetch, recompute)
+}
+
 async fn warm_equals_cold(cl: &Cluster, convo: &[u32]) {
-    let mut b = cl.engine(1).await;
-    let mut next = convo.to_vec();
-    next.extend(tokens(5, 77));
-    let warm = generate(&mut b, &next, true).await;
-    let cold = generate(&mut b, &next, false).await;
-    assert!(warm.loaded_tokens >= (convo.len() / 16 * 16) as u64, "{warm:?}");
-    assert_eq!((warm.new_tokens, warm.logits_digest), (cold.new_tokens, cold.logits_digest));
+    assert_warm_equals_cold(&mut cl.engine(1).await, convo, (convo.len() / 16 * 16) as u64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -72,6 +78,7 @@ async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
     assert_eq!(landing(&cl, "used").await, 0.0, "the cancelled fetch left blocks in the landing zone");
     let m = cl.metrics(1).await;
     assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"recompute\"}"), 1.0);
+    assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
     warm_equals_cold(&cl, &convo).await;
 }
 
@@ -99,5 +106,6 @@ async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
         assert!(t.elapsed() < Duration::from_secs(10), "the engine never acknowledged the cancel");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
     warm_equals_cold(&cl, &convo).await;
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
-use kvferry_proto::v1::{GenerateRequest, MigrateSessionRequest, PolicyMode, ResidencyRequest};
+use kvferry_proto::v1::{GenerateRequest, MigrateSessionRequest, PolicyMode};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -65,12 +65,7 @@ async fn concurrent_migrations_of_one_prefix_cross_the_wan_once() {
     assert_eq!(metric(&mb, "kvferry_fetched_bytes_total"), prefix_bytes as f64, "{mb}");
     assert_eq!(metric(&mb, "kvferry_fetches_joined_total"), joined as f64, "{mb}");
     // The shared blocks are valid: B's next turn on them equals a full recompute.
-    let mut next = convo.clone();
-    next.extend(tokens(7, 99));
-    let warm = generate(&mut eng_b, &next, true).await;
-    let cold = generate(&mut eng_b, &next, false).await;
-    assert!(warm.loaded_tokens >= full, "only {} tokens were ready", warm.loaded_tokens);
-    assert_eq!((warm.new_tokens, warm.logits_digest), (cold.new_tokens, cold.logits_digest));
+    assert_warm_equals_cold(&mut eng_b, &convo, full).await;
     println!(
         "{N} concurrent migrations of one {prefix_bytes}-byte prefix: 1 fetched, {joined} joined, {local} already local; owner served {prefix_bytes} bytes"
     );
@@ -80,16 +75,7 @@ async fn concurrent_migrations_of_one_prefix_cross_the_wan_once() {
 async fn wait_held_in_a(router_a: &mut MigrationClient<Channel>, tenant: &str, t: &[u32], want: u64) {
     let start = Instant::now();
     loop {
-        let view = router_a
-            .get_residency(ResidencyRequest {
-                tenant: tenant.into(),
-                token_ids: t.to_vec(),
-                regions: vec!["region-b".into()],
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .into_inner();
+        let view = residency(router_a, tenant, t, &["region-b"]).await;
         if view.holdings.first().is_some_and(|h| h.region == "region-a" && h.tokens >= want) {
             return;
         }
@@ -138,11 +124,7 @@ async fn peer_tenant_allow_lists_refuse_before_any_kv_byte_on_both_sides() {
     let (d, r) = migrate(&mut router_b, request("s-allowed", &convo, PolicyMode::Fetch)).await;
     assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
     assert!(r.bytes_moved > 0 && r.tokens_ready == full, "{r:?}");
-    let mut next = convo.clone();
-    next.extend(tokens(7, 98));
-    let warm = generate(&mut eng_b, &next, true).await;
-    let cold = generate(&mut eng_b, &next, false).await;
-    assert_eq!((warm.new_tokens, warm.logits_digest), (cold.new_tokens, cold.logits_digest));
+    assert_warm_equals_cold(&mut eng_b, &convo, full).await;
     let before = cl.metrics(0).await;
     let (served_bytes, served_requests) =
         (metric(&before, "kvferry_served_bytes_total"), metric(&before, "kvferry_served_requests_total"));

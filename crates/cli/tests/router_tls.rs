@@ -189,6 +189,14 @@ fn router_certificates_rotate_without_a_restart() {
         (cfg.router_tls.cert, cfg.router_tls.key, cfg.router_tls.client_ca) =
             (secret.join("tls.crt"), secret.join("tls.key"), secret.join("ca.crt"));
     });
+    // Waits (at most 20 s) until the daemon's log has `line`; else fails saying `what`.
+    let logged = |line: &str, what: &str| {
+        let t = Instant::now();
+        while !log().contains(line) {
+            assert!(t.elapsed() < Duration::from_secs(20), "{what}:\n{}", log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
     let addr = format!("https://{grpc}");
     let s = |p: std::path::PathBuf| p.to_str().unwrap().to_owned();
     let links = |ca: &std::path::Path| {
@@ -209,11 +217,7 @@ fn router_certificates_rotate_without_a_restart() {
 
     // The Secret rotates to a new CA: the poll sees it, new handshakes use it.
     rotate_to(&r2);
-    let t = Instant::now();
-    while !log().contains("router TLS files reloaded") {
-        assert!(t.elapsed() < Duration::from_secs(20), "no reload logged:\n{}", log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    logged("router TLS files reloaded", "no reload logged");
     let out = links(&r2);
     assert!(out.status.success(), "a router of the new CA was refused: {}\n{}", text(&out), log());
     let out = links(&r1);
@@ -223,11 +227,7 @@ fn router_certificates_rotate_without_a_restart() {
     let (cert, _) = router_ca(&r2);
     let ca = std::fs::read_to_string(r2.join("ca.pem")).unwrap();
     write_secret(&secret, &[("tls.crt", &cert), ("tls.key", "not a key"), ("ca.crt", &ca)]);
-    let t = Instant::now();
-    while !log().contains("router: refused the new TLS files") {
-        assert!(t.elapsed() < Duration::from_secs(20), "the broken key was not refused:\n{}", log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    logged("router: refused the new TLS files", "the broken key was not refused");
     let out = links(&r2);
     assert!(out.status.success(), "the kept identity stopped serving: {}\n{}", text(&out), log());
 }

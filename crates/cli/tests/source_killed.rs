@@ -88,12 +88,7 @@ async fn source_killed_mid_fetch_falls_back_to_recompute() {
     // B's engine ran the recompute: the prefix is in its own pool, and the next turn (warm) is
     // bit-identical to a full recompute.
     assert!(cl.log(1, "engine").contains("recompute done"), "{}", cl.log(1, "engine"));
-    let mut next = convo.clone();
-    next.extend(tokens(7, 99));
-    let warm = generate(&mut eng_b, &next, true).await;
-    let cold = generate(&mut eng_b, &next, false).await;
-    assert!(warm.loaded_tokens >= full, "only {} tokens were ready", warm.loaded_tokens);
-    assert_eq!((warm.new_tokens, warm.logits_digest), (cold.new_tokens, cold.logits_digest));
+    assert_warm_equals_cold(&mut eng_b, &convo, full).await;
 
     // B keeps serving: links (A now disconnected) and a fresh plan, which recomputes.
     let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();

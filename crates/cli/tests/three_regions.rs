@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kvferry_proto::v1::migration_client::MigrationClient;
-use kvferry_proto::v1::{
-    Decision, MigrateSessionRequest, PolicyMode, Receipt, ResidencyRequest, migration_event,
-};
+use kvferry_proto::v1::{Decision, MigrateSessionRequest, PolicyMode, Receipt, migration_event};
 use tonic::transport::Channel;
 
 /// Waits until `region`'s engine has published the prefix, as C's plan sees it.
@@ -96,15 +94,7 @@ async fn the_third_region_fetches_from_the_better_holder_and_falls_back_to_the_o
 
     // The residency view: C holds nothing yet, A and B the whole prefix (A first: C's better
     // source).
-    let view = router_c
-        .get_residency(ResidencyRequest {
-            tenant: TENANT.into(),
-            token_ids: convos[0].clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let view = residency(&mut router_c, TENANT, &convos[0], &[]).await;
     let held: Vec<(&str, u64, bool)> =
         view.holdings.iter().map(|h| (h.region.as_str(), h.tokens, h.reachable)).collect();
     assert_eq!(
@@ -159,15 +149,7 @@ async fn the_third_region_fetches_from_the_better_holder_and_falls_back_to_the_o
     assert_eq!((r.action.as_str(), r.bytes_moved), ("fetch", 160 * 1024), "{r:?}");
 
     // The residency view now: C holds the fetched prefix, A is unreachable.
-    let view = router_c
-        .get_residency(ResidencyRequest {
-            tenant: TENANT.into(),
-            token_ids: convos[3].clone(),
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let view = residency(&mut router_c, TENANT, &convos[3], &[]).await;
     let c = &view.holdings[0];
     assert_eq!((c.region.as_str(), c.tokens), ("region-c", 160), "{view:?}");
     assert!(view.holdings.iter().any(|h| h.region == "region-a" && !h.reachable), "{view:?}");

@@ -629,6 +629,30 @@ mod tests {
         assert_eq!(metrics.served_reused.get(), 1);
     }
 
+    #[tokio::test]
+    async fn a_request_that_starts_mid_chain_is_served_from_there() {
+        // A striped fetch's later stripes ask for a chain from its middle: the first requested
+        // block decides the tenant and where the served blocks start.
+        let e = engine();
+        let cat = catalog(&e);
+        let tokens: Vec<u32> = (0..4 * 32).collect();
+        let hashes = kvferry_layout::block_hashes(TENANT.as_bytes(), &tokens, 32);
+        publish(&e, &hashes, 2); // ids 2, 3, 4, 5
+        let whole = cat.open(&peer(), &request(&e, &hashes)).unwrap();
+        let tail = cat.open(&peer(), &request(&e, &hashes[2..])).unwrap();
+        assert_eq!((whole.blocks_held, tail.blocks_held), (4, 2));
+        // The tail's blocks 0..2 are the chain's blocks 2..4 (ids 4, 5).
+        let whole_bytes = whole.source.read(chunk(&e, (2, 4))).await.unwrap();
+        let tail_bytes = tail.source.read(chunk(&e, (0, 2))).await.unwrap();
+        assert_eq!((*whole_bytes).as_ref(), (*tail_bytes).as_ref());
+        let direct = PoolChunks::new(e.layout.clone(), e.backend.clone(), vec![4, 5]);
+        assert_eq!((*direct.read(chunk(&e, (0, 2))).await.unwrap()).as_ref(), (*tail_bytes).as_ref());
+        // Another tenant asking for the same mid-chain blocks gets nothing.
+        let mut other = request(&e, &hashes[2..]);
+        other.tenant = "u".into();
+        assert!(cat.open(&peer(), &other).is_err());
+    }
+
     fn refusal(cat: &RegionCatalog, req: &FetchRequest) -> (RefusalCode, String) {
         match cat.open(&peer(), req) {
             Ok(s) => panic!("served {} blocks", s.blocks_held),

@@ -348,6 +348,11 @@ impl Default for Listeners {
 pub struct Transfer {
     pub chunk_bytes: u32,
     pub streams: u32,
+    /// QUIC connections per fetch (1–8): a fetch of enough blocks (each stripe at least four
+    /// chunks) is split into this many contiguous ranges, each its own transfer on its own
+    /// connection, so the packet work spreads over runtime worker threads. QUIC only: the TCP
+    /// transport already stripes a transfer over its `streams` data connections.
+    pub stripes: u32,
     /// cubic | bbr | newreno (also accepted: `new-reno`, `reno`, any letter case).
     #[serde(with = "congestion")]
     pub congestion: Congestion,
@@ -367,6 +372,12 @@ pub struct Transfer {
     /// For peers with `transport = "auto"`: how long the QUIC handshake may take before the
     /// link falls back to TCP (remembered for a minute, then QUIC is tried again), ms.
     pub auto_fallback_ms: u64,
+    /// QUIC ACK frequency: how many ack-eliciting packets a peer may receive from this daemon
+    /// before it must acknowledge (0 = the extension off: an ACK every second packet).
+    pub ack_eliciting_threshold: u32,
+    /// Receive coalescing on the QUIC socket while traffic flows, µs (0 = off; only applied
+    /// when the configured round trip is at least 10 ms).
+    pub recv_coalesce_us: u64,
 }
 
 impl Transfer {
@@ -501,12 +512,15 @@ impl Default for Transfer {
         Self {
             chunk_bytes: 4 << 20,
             streams: 4,
+            stripes: 1,
             congestion: Congestion::Cubic,
             idle_timeout_ms: 10_000,
             max_retries_per_chunk: fetch.max_retries_per_chunk,
             missing_grace_ms: fetch.missing_grace.as_millis() as u64,
             reconnect_backoff_ms: fetch.reconnect_backoff.as_millis() as u64,
             auto_fallback_ms: 1500,
+            ack_eliciting_threshold: kvferry_peer::transport::DEFAULT_ACK_ELICITING_THRESHOLD,
+            recv_coalesce_us: kvferry_peer::transport::DEFAULT_RECV_COALESCE.as_micros() as u64,
         }
     }
 }
@@ -712,6 +726,9 @@ impl Config {
         if !(1..=64).contains(&t.streams) {
             return Err(invalid("transfer.streams", "must be between 1 and 64"));
         }
+        if !(1..=kvferry_peer::stripe::MAX_STRIPES).contains(&t.stripes) {
+            return Err(invalid("transfer.stripes", "must be between 1 and 8"));
+        }
         if !(500..=600_000).contains(&t.idle_timeout_ms) {
             return Err(invalid("transfer.idle_timeout_ms", "must be between 500 and 600000"));
         }
@@ -726,6 +743,12 @@ impl Config {
         }
         if !(50..=60_000).contains(&t.auto_fallback_ms) {
             return Err(invalid("transfer.auto_fallback_ms", "must be between 50 and 60000"));
+        }
+        if t.ack_eliciting_threshold > 1000 {
+            return Err(invalid("transfer.ack_eliciting_threshold", "must be between 0 and 1000"));
+        }
+        if t.recv_coalesce_us > 20_000 {
+            return Err(invalid("transfer.recv_coalesce_us", "must be between 0 and 20000"));
         }
         let p = &self.policy;
         if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
@@ -826,12 +849,16 @@ mod tests {
             ("[listeners]\nidle_timeout_ms = 0", "listeners"),
             ("[transfer]\ncongestion = \"vegas\"", "transfer.congestion"),
             ("[transfer]\nstreams = 0", "transfer.streams"),
+            ("[transfer]\nstripes = 0", "transfer.stripes"),
+            ("[transfer]\nstripes = 9", "transfer.stripes"),
             ("[transfer]\nidle_timeout_ms = 10", "transfer.idle_timeout_ms"),
             ("[transfer]\nmax_retries_per_chunk = 101", "transfer.max_retries_per_chunk"),
             ("[transfer]\nmissing_grace_ms = 0", "transfer.missing_grace_ms"),
             ("[transfer]\nmissing_grace_ms = 700000", "transfer.missing_grace_ms"),
             ("[transfer]\nreconnect_backoff_ms = 10001", "transfer.reconnect_backoff_ms"),
             ("[transfer]\nauto_fallback_ms = 10", "transfer.auto_fallback_ms"),
+            ("[transfer]\nack_eliciting_threshold = 5000", "transfer.ack_eliciting_threshold"),
+            ("[transfer]\nrecv_coalesce_us = 50000", "transfer.recv_coalesce_us"),
             (
                 "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntransport = \"sctp\"",
                 "peers[].transport: must be",

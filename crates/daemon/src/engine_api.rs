@@ -399,12 +399,10 @@ impl Engine for EngineService {
             tracing::info!(engine = ?engine.engine_id, "engine detached; releasing its lease");
             shared.registry.remove(&engine.lease_id);
             engine.commands.locked().take();
-            {
-                let mut w = engine.recompute_waiters.locked();
-                for (_, tx) in w.drain() {
-                    let _ = tx.send(Err("engine detached".into()));
-                }
-            }
+            // Its recomputes will never be answered: each waiter is dropped unanswered, which
+            // its migration reads as the engine gone (UNAVAILABLE, retryable), not as an
+            // answer that failed (INTERNAL).
+            engine.recompute_waiters.locked().clear();
         });
         Ok(Response::new(ReceiverStream::new(rx)))
     }

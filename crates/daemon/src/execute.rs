@@ -71,7 +71,16 @@ pub async fn execute(
         }
         MigrationAction::Fetch => {
             let src = source_of(p)?;
-            match fetch(shared, p, &src, plan.fetch_from, plan.fetch_end, events).await {
+            match fetch(FetchJob::alone(
+                shared,
+                p,
+                events,
+                &src,
+                plan.fetch_from..plan.fetch_end,
+                fetch_need_s(plan),
+            ))
+            .await
+            {
                 Ok(r) => fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs),
                 Err(e) => match fetch_from_alternates(shared, p, plan, events, &src, &e).await {
                     Some((alt, r)) => {
@@ -88,7 +97,17 @@ pub async fn execute(
             let src = source_of(p)?;
             let (rec, fet) = tokio::join!(
                 recompute_leg(shared, p, k, Leg::Concurrent),
-                fetch_as(shared, p, &src, plan.fetch_from, plan.fetch_end, events, Leg::Concurrent)
+                fetch(
+                    FetchJob::alone(
+                        shared,
+                        p,
+                        events,
+                        &src,
+                        plan.fetch_from..plan.fetch_end,
+                        fetch_need_s(plan)
+                    )
+                    .concurrent()
+                )
             );
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
@@ -137,7 +156,8 @@ fn fill_recompute(shared: &Shared, p: &Prepared, receipt: &mut Receipt, tokens: 
 /// is cancelled. A fetch dropped before it returned commits nothing (its landing reservation
 /// is released; no block becomes visible). A dropped recompute is cancelled in the engine
 /// (`CancelRecompute`), and the time it ran until the winner finished is accounted as wasted (`hedge_loser_s`, `kvferry_hedge_wasted_milliseconds_total`). When the first
-/// to finish failed, the other is awaited.
+/// to finish failed, the other is awaited. Neither leg calibrates the pure actions: they ran
+/// concurrently.
 async fn hedge(
     shared: &Arc<Shared>,
     p: &Prepared,
@@ -153,8 +173,13 @@ async fn hedge(
     let total = p.hashes.len() * bs;
     let started = Instant::now();
     let src = source_of(p)?;
-    let fetch_leg = fetch(shared, p, &src, 0, plan.hedge_fetch_end, events);
-    let recompute_leg = recompute(shared, p, total);
+    // Both legs run at once, so neither time is what the action costs alone: the winner's
+    // measurement is not fed to the fetch or recompute calibration (on a shared host the
+    // other leg slowed it; fed as a pure sample it would skew the next predictions).
+    let fetch_leg = fetch(
+        FetchJob::alone(shared, p, events, &src, 0..plan.hedge_fetch_end, fetch_need_s(plan)).concurrent(),
+    );
+    let recompute_leg = recompute_leg(shared, p, total, Leg::Concurrent);
     tokio::pin!(fetch_leg, recompute_leg);
     receipt.hedged = true;
     let first = tokio::select! {
@@ -212,11 +237,20 @@ async fn fetch_from_alternates(
         return None;
     }
     for (alt, held) in &p.alternates {
-        if (*held as usize) < plan.fetch_end || fetch_deadline(p) <= Instant::now() {
+        if (*held as usize) < plan.fetch_end || fetch_deadline(p, fetch_need_s(plan)) <= Instant::now() {
             continue;
         }
         tracing::warn!(session = ?p.session_id, failed, error = %e, next = %alt, "fetch failed; trying the next holder");
-        match fetch(shared, p, alt, plan.fetch_from, plan.fetch_end, events).await {
+        match fetch(FetchJob::alone(
+            shared,
+            p,
+            events,
+            alt,
+            plan.fetch_from..plan.fetch_end,
+            fetch_need_s(plan),
+        ))
+        .await
+        {
             Ok(r) => return Some((alt.clone(), r)),
             Err(e2) => {
                 tracing::warn!(session = ?p.session_id, source = %alt, error = %e2, "the next holder failed too")
@@ -253,6 +287,9 @@ fn fill_fetch(shared: &Shared, src: &str, receipt: &mut Receipt, f: &Fetched, re
 /// congestion controller.
 pub fn wire_path(l: &kvferry_peer::LinkInfo) -> String {
     match l.transport {
+        Transport::Quic if l.stripes > 1 => {
+            format!("QUIC (mutual TLS, {} connections × {} streams, {})", l.stripes, l.channels, l.congestion)
+        }
         Transport::Quic => format!("QUIC (mutual TLS, {} streams, {})", l.channels, l.congestion),
         Transport::Tcp => format!("TCP (TLS 1.3, mutual TLS, {} connections, {})", l.channels, l.congestion),
     }
@@ -375,7 +412,9 @@ async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Res
     }
     let remaining = p.deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     let answer = tokio::time::timeout(remaining, rx).await;
-    guard.answered = matches!(answer, Ok(Ok(_)));
+    // Answered, or its waiter dropped (the engine detached: its stream is gone, and the engine
+    // that registers again never heard of this recompute): nothing to cancel.
+    guard.answered = answer.is_ok();
     drop(guard);
     match answer {
         Ok(Ok(Ok(tokens))) => {
@@ -406,31 +445,48 @@ struct Fetched {
     joined: bool,
 }
 
-/// Fetches blocks `[from, end)` from `src` into the landing zone, or joins a fetch of them
-/// already in flight ([`crate::inflight`]): the same verified result or the same typed error
-/// without moving the bytes again. A joiner waits until its own fetch deadline; a leader that
-/// was dropped (or failed on its own, shorter deadline) is replaced by a new leader.
-async fn fetch(
-    shared: &Arc<Shared>,
-    p: &Prepared,
-    src: &str,
+/// One fetch to carry out: blocks `[from, end)` of the prepared migration `p` from `src` into
+/// the landing zone, progress reported on `events`, run alone or as a leg beside a recompute
+/// ([`Leg`]).
+#[derive(Clone, Copy)]
+struct FetchJob<'a> {
+    shared: &'a Arc<Shared>,
+    p: &'a Prepared,
+    events: &'a Events,
+    src: &'a str,
     from: usize,
     end: usize,
-    events: &Events,
-) -> Result<Fetched, DaemonError> {
-    fetch_as(shared, p, src, from, end, events, Leg::Alone).await
+    leg: Leg,
+    /// Seconds this fetch must be left at least before a fallback reserve applies
+    /// ([`fetch_need_s`]).
+    need_s: f64,
 }
 
-/// [`fetch`], run alone or as a leg beside a recompute ([`Leg`]).
-async fn fetch_as(
-    shared: &Arc<Shared>,
-    p: &Prepared,
-    src: &str,
-    from: usize,
-    end: usize,
-    events: &Events,
-    leg: Leg,
-) -> Result<Fetched, DaemonError> {
+impl<'a> FetchJob<'a> {
+    /// The fetch of `blocks` from `src`, run alone.
+    fn alone(
+        shared: &'a Arc<Shared>,
+        p: &'a Prepared,
+        events: &'a Events,
+        src: &'a str,
+        blocks: std::ops::Range<usize>,
+        need_s: f64,
+    ) -> Self {
+        Self { shared, p, events, src, from: blocks.start, end: blocks.end, leg: Leg::Alone, need_s }
+    }
+
+    /// The same fetch as a split's leg, beside a recompute.
+    fn concurrent(self) -> Self {
+        Self { leg: Leg::Concurrent, ..self }
+    }
+}
+
+/// Carries out `job`, or joins a fetch of its blocks already in flight ([`crate::inflight`]):
+/// the same verified result or the same typed error without moving the bytes again. A joiner
+/// waits until its own fetch deadline; a leader that was dropped (or failed on its own,
+/// shorter deadline) is replaced by a new leader.
+async fn fetch(job: FetchJob<'_>) -> Result<Fetched, DaemonError> {
+    let FetchJob { shared, p, src, from, end, need_s, .. } = job;
     let want = FlightKey {
         source: src.to_owned(),
         tenant: p.tenant.clone(),
@@ -440,7 +496,7 @@ async fn fetch_as(
     loop {
         let join = match shared.flights.enter(want.clone()) {
             Entered::Lead(lead) => {
-                let r = fetch_now(shared, p, src, from, end, events, leg).await;
+                let r = fetch_now(job).await;
                 lead.finish(&r);
                 return r.map(|receipt| Fetched { receipt, joined: false });
             }
@@ -448,7 +504,7 @@ async fn fetch_as(
         };
         tracing::info!(session = ?p.session_id, source = %src, blocks = end - from,
             "joining the in-flight fetch of the same blocks");
-        let until = fetch_deadline(p);
+        let until = fetch_deadline(p, need_s);
         match tokio::time::timeout_at(until.into(), join.outcome()).await {
             Ok(Outcome::Done(Ok(receipt))) => {
                 shared.metrics.fetches_joined.inc();
@@ -468,18 +524,10 @@ async fn fetch_as(
     }
 }
 
-/// Fetches blocks `[from, end)` from `src` into the landing zone. A completed fetch's
-/// wall time (request to the last verified block landed) feeds the link's calibration when it
-/// ran alone.
-async fn fetch_now(
-    shared: &Arc<Shared>,
-    p: &Prepared,
-    src: &str,
-    from: usize,
-    end: usize,
-    events: &Events,
-    leg: Leg,
-) -> Result<FetchReceipt, DaemonError> {
+/// Fetches `job`'s blocks into the landing zone. A completed fetch's wall time (request to
+/// the last verified block landed) feeds the link's calibration when it ran alone.
+async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
+    let FetchJob { shared, p, events, src, from, end, leg, need_s } = job;
     let started = Instant::now();
     let src = src.to_owned();
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::not_found(src.clone()))?;
@@ -496,7 +544,7 @@ async fn fetch_now(
         hashes: hashes.clone(),
         layers: shape.layers(),
         bytes_per_block_layer: shape.layer_bytes(0),
-        deadline: fetch_deadline(p),
+        deadline: fetch_deadline(p, need_s),
     };
     let _active = shared.links.begin(&src);
     // Aborted when this future ends or is dropped (a hedge cancels a fetch by dropping it):
@@ -580,26 +628,37 @@ async fn fetch_now(
     Ok(r)
 }
 
+/// How long a planned fetch must be left before a fallback reserve may shorten it: twice its
+/// predicted seconds (the calibrated prediction where there is one, else the plan's).
+pub fn fetch_need_s(plan: &Planned) -> f64 {
+    let s = plan.fetch_prediction.as_ref().map_or(plan.predicted_s, |f| f.seconds);
+    if s.is_finite() && s > 0.0 { 2.0 * s } else { 0.0 }
+}
+
 /// The deadline a fetch gets: the request's, less the time a fallback recompute of the whole
 /// prefix would need ([`fallback_reserve_s`]: 1.5 × the model's estimate from the engine's
 /// measured profile, plus 250 ms for the command's round trip), when the request allows a
-/// fallback and it fits; else the request's.
-pub fn fetch_deadline(p: &Prepared) -> Instant {
+/// fallback and the fetch keeps at least `need_s` ([`fetch_need_s`]); else the request's.
+pub fn fetch_deadline(p: &Prepared, need_s: f64) -> Instant {
     if !p.has_tokens() {
         return p.deadline;
     }
     let prof = *p.engine.profile.locked();
     let reserve =
         fallback_reserve_s(prof.linear_s_per_token, prof.attention_s_per_pair, p.total_tokens() as u64);
-    fetch_deadline_at(p.deadline, Instant::now(), reserve)
+    fetch_deadline_at(p.deadline, Instant::now(), reserve, need_s)
 }
 
-/// The rule of [`fetch_deadline`] on plain values: `deadline` less `reserve_s` when that is
-/// still after `now`; else (no reserve, or no room for it) `deadline` itself.
-pub fn fetch_deadline_at(deadline: Instant, now: Instant, reserve_s: Option<f64>) -> Instant {
+/// The rule of [`fetch_deadline`] on plain values: `deadline` less `reserve_s` when that still
+/// leaves the fetch `need_s` after `now`; else (no reserve, or no room for both) `deadline`
+/// itself. A reserve that would leave a fetch less than it needs only turns a slow success
+/// into a failure followed by a recompute that the plan already judged slower (a 1 GiB fetch
+/// predicted at 9 s was once given 3 s, then fell back to a 600 s recompute).
+pub fn fetch_deadline_at(deadline: Instant, now: Instant, reserve_s: Option<f64>, need_s: f64) -> Instant {
     let Some(reserve) = reserve_s.filter(|r| r.is_finite() && *r >= 0.0) else { return deadline };
+    let need = Duration::from_secs_f64(if need_s.is_finite() { need_s.clamp(0.0, 86_400.0) } else { 0.0 });
     match deadline.checked_sub(Duration::from_secs_f64(reserve)) {
-        Some(d) if d > now => d,
+        Some(d) if d > now + need => d,
         _ => deadline,
     }
 }
@@ -614,18 +673,43 @@ mod tests {
     fn a_fetch_leaves_the_reserve_before_the_deadline_when_there_is_room() {
         let now = Instant::now();
         let deadline = now + Duration::from_secs(10);
-        assert_eq!(fetch_deadline_at(deadline, now, Some(4.0)), deadline - Duration::from_secs(4));
+        assert_eq!(fetch_deadline_at(deadline, now, Some(4.0), 0.0), deadline - Duration::from_secs(4));
         // no usable estimate: the whole deadline
-        assert_eq!(fetch_deadline_at(deadline, now, None), deadline);
-        assert_eq!(fetch_deadline_at(deadline, now, Some(f64::NAN)), deadline);
-        assert_eq!(fetch_deadline_at(deadline, now, Some(-1.0)), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, None, 0.0), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(f64::NAN), 0.0), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(-1.0), 0.0), deadline);
         // no room for the reserve: the fetch gets the whole deadline rather than none
-        assert_eq!(fetch_deadline_at(deadline, now, Some(10.0)), deadline);
-        assert_eq!(fetch_deadline_at(deadline, now, Some(60.0)), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(10.0), 0.0), deadline);
+        assert_eq!(fetch_deadline_at(deadline, now, Some(60.0), 0.0), deadline);
         // the reserve the model gives for a real profile fits a generous deadline
         let reserve = fallback_reserve_s(1e-4, 1e-9, 4096);
-        let d = fetch_deadline_at(deadline, now, reserve);
+        let d = fetch_deadline_at(deadline, now, reserve, 0.0);
         assert!(d < deadline && d > now, "{reserve:?}");
+    }
+
+    #[test]
+    fn a_reserve_never_leaves_a_fetch_less_than_it_needs() {
+        let now = Instant::now();
+        let deadline = now + Duration::from_secs(900);
+        // The bench's case: a 1 GiB fetch predicted at 9 s (needs 18 s) against a 897 s
+        // fallback reserve — 3 s would be left, so the fetch keeps the whole deadline.
+        assert_eq!(fetch_deadline_at(deadline, now, Some(897.0), 18.0), deadline);
+        // With room for both, the reserve applies.
+        assert_eq!(fetch_deadline_at(deadline, now, Some(800.0), 18.0), deadline - Duration::from_secs(800));
+        // Monotone: more need never gives a fetch less time; the result is never past the
+        // deadline nor (with a reserve applied) closer to now than the need.
+        for reserve in [0.0, 1.0, 50.0, 450.0, 880.0, 899.0, 2000.0] {
+            let mut last = now;
+            for need in [0.0, 1.0, 10.0, 100.0, 500.0, 1000.0, f64::NAN, f64::INFINITY] {
+                let d = fetch_deadline_at(deadline, now, Some(reserve), need);
+                assert!(d <= deadline);
+                if need.is_finite() {
+                    assert!(d >= last, "reserve {reserve}, need {need}");
+                    assert!(d == deadline || d >= now + Duration::from_secs_f64(need));
+                    last = d;
+                }
+            }
+        }
     }
 
     #[test]

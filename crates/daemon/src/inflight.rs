@@ -233,6 +233,7 @@ mod tests {
                 transport: kvferry_peer::Transport::Quic,
                 congestion: "cubic".into(),
                 channels: 4,
+                stripes: 1,
             },
         }
     }

@@ -243,6 +243,9 @@ impl Daemon {
             streams: config.transfer.streams,
             congestion: config.transfer.congestion,
             idle_timeout: Duration::from_millis(config.transfer.idle_timeout_ms),
+            ack_eliciting_threshold: config.transfer.ack_eliciting_threshold,
+            recv_coalesce: Duration::from_micros(config.transfer.recv_coalesce_us),
+            stripes: config.transfer.stripes,
             ..LinkTuning::default()
         };
         let node = PeerNode::start(

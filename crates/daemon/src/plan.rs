@@ -244,7 +244,16 @@ pub async fn prepare_with(
         n => return Err(DaemonError::invalid(format!("layout_fingerprint is {n} bytes, not 32"))),
     };
     let engine = shared.registry.target(&r.target_engine, &r.model_id, None).ok_or_else(|| {
-        DaemonError::not_found(format!("no engine for model {:?} in this region", r.model_id))
+        if shared.registry.all().is_empty() {
+            // Temporary: no engine has registered yet (they re-register after a daemon
+            // restart, and reconnect after a cut), so a retry may find one.
+            DaemonError::unavailable(
+                crate::error::Origin::Engine,
+                "no engine has registered with this region's daemon yet",
+            )
+        } else {
+            DaemonError::not_found(format!("no engine for model {:?} in this region", r.model_id))
+        }
     })?;
     if let Some(d) = digest
         && d != engine.digest
@@ -575,20 +584,23 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
         .map_err(|e| DaemonError::from_plan(&e, reason))?;
     let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
-    let hedge = kvferry_model::plan_hedge(
+    let weighed = kvferry_model::consider_hedge(
         &plan,
         &holdings,
         fetch_prediction.as_ref(),
         recompute_prediction.as_ref(),
         &p.hedge_policy,
     );
+    let hedge = weighed.filter(|h| h.choice == kvferry_model::HedgeChoice::Hedge);
+    // A hedge weighed and declined says why (the hedged reason is added by `to_proto`).
+    let not_hedged = weighed.filter(|_| hedge.is_none()).map(|h| format!("; not hedged: {}", h.reason));
     Ok(Planned {
         fetch_prediction,
         recompute_prediction,
         hedge,
         hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
-        reason: reason(&plan.reason),
+        reason: reason(&plan.reason) + not_hedged.as_deref().unwrap_or(""),
         model: plan.model,
         fetch_from: plan.fetch_from as usize,
         fetch_end: plan.fetch_end as usize,

@@ -10,7 +10,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use kvferry_daemon::Config;
-use kvferry_daemon::config::Peer;
 use kvferry_engine_node::daemon::{EventSink, Registration, register, share_pool};
 use kvferry_engine_sdk::ShmPool;
 use kvferry_proto::v1::engine_event::Event;
@@ -100,17 +99,36 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     assert_eq!(register(&mut client, &reg).await.unwrap_err().code(), tonic::Code::NotFound);
 }
 
+/// One region (default limits) with one shm engine `e0` attached that answers every
+/// Recompute at once; holds the tests' serial lock while it lives.
+struct EngineRegion {
+    lease: String,
+    /// The engine's task reading its commands (it ends when its Attach stream does).
+    engine: tokio::task::JoinHandle<()>,
+    _keep: (EventSink, StdUnixStream, ShmPool),
+    d: kvferry_daemon::Daemon,
+    cfg: Config,
+    _dir: tempfile::TempDir,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+}
+
+async fn engine_region() -> EngineRegion {
+    let serial = SERIAL.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = common::config(dir.path(), "region-a");
+    let d = common::start(&cfg).await;
+    let (pool, stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
+    let (events, engine) = answering_engine(&cfg, &lease).await;
+    EngineRegion { lease, engine, _keep: (events, stream, pool), d, cfg, _dir: dir, _serial: serial }
+}
+
 /// Row "second Attach on a live lease": refused with FAILED_PRECONDITION; the engine holding
 /// the lease keeps its stream and its commands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_attach_on_a_live_lease_is_refused_and_the_first_untouched() {
-    let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::config(dir.path(), "region-a");
-    let d = common::start(&cfg).await;
-    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
-    let (_events, first) = answering_engine(&cfg, &lease).await;
-    let mut client = common::engine_client(&cfg).await;
+    let region = engine_region().await;
+    let (d, cfg, lease, first) = (&region.d, &region.cfg, &region.lease, &region.engine);
+    let mut client = common::engine_client(cfg).await;
     let (intruder, rx) = EventSink::new(lease.clone());
     intruder.load(0, 0.0, None);
     let e = client.attach(UnboundedReceiverStream::new(rx)).await.unwrap_err();
@@ -118,7 +136,7 @@ async fn a_second_attach_on_a_live_lease_is_refused_and_the_first_untouched() {
     assert!(e.message().contains("already has a live Attach stream"), "{e}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!first.is_finished(), "the first engine's command stream must stay open");
-    assert!(d.shared.registry.by_lease(&lease).is_some_and(|e| e.attached()));
+    assert!(d.shared.registry.by_lease(lease).is_some_and(|e| e.attached()));
     // The first engine still gets (and answers) commands.
     let mut r = router(d.grpc_addr).await;
     let rc =
@@ -160,15 +178,11 @@ async fn a_lease_never_attached_expires_as_announced() {
 /// Publish and on the Attach stream; nothing of a refused batch is indexed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_range_block_ids_are_refused_at_ingest() {
-    let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::config(dir.path(), "region-a");
-    let d = common::start(&cfg).await;
-    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
-    let (_events, _task) = answering_engine(&cfg, &lease).await;
+    let region = engine_region().await;
+    let (d, cfg, lease) = (&region.d, &region.cfg, &region.lease);
     let tokens = kvferry_engine_node::prompt(32, 512, 2);
     let hashes = kvferry_daemon::engine_api::hashes_for(TENANT, &tokens, 16);
-    let mut client = common::engine_client(&cfg).await;
+    let mut client = common::engine_client(cfg).await;
     // Block id 8 of an 8-block pool, beside a valid one: the whole batch is refused.
     let bad = BlockStored {
         tenant: TENANT.into(),
@@ -181,7 +195,7 @@ async fn out_of_range_block_ids_are_refused_at_ingest() {
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");
     assert!(e.message().contains("block id 8 is past the pool's 8 blocks"), "{e}");
-    let engine = d.shared.registry.by_lease(&lease).unwrap();
+    let engine = d.shared.registry.by_lease(lease).unwrap();
     assert!(engine.blocks.lock().unwrap().is_empty(), "nothing of the refused batch is indexed");
     let l = client
         .lookup(LookupRequest { lease_id: lease.clone(), tenant: TENANT.into(), token_ids: tokens.clone() })
@@ -192,7 +206,7 @@ async fn out_of_range_block_ids_are_refused_at_ingest() {
 
     // The same batch on an Attach stream (a second engine): refused, the stream ends with
     // INVALID_ARGUMENT, nothing is indexed.
-    let (_pool2, _stream2, lease2) = register_shm(&cfg, "e1", common::spec()).await;
+    let (_pool2, _stream2, lease2) = register_shm(cfg, "e1", common::spec()).await;
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     tx.send(EngineEvent { lease_id: lease2.clone(), event: Some(Event::Stored(bad)) }).unwrap();
     let engine2 = d.shared.registry.by_lease(&lease2).unwrap();
@@ -235,13 +249,9 @@ fn captured_log() -> Arc<Mutex<Vec<u8>>> {
 /// INVALID_ARGUMENT; newlines and escape sequences in ids and tenants reach the log escaped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_ids_are_bounded_and_logged_escaped() {
-    let _serial = SERIAL.lock().await;
+    let region = engine_region().await;
     let log = captured_log();
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = common::config(dir.path(), "region-a");
-    let d = common::start(&cfg).await;
-    let (_pool, _stream, lease) = register_shm(&cfg, "e0", common::spec()).await;
-    let (_events, _task) = answering_engine(&cfg, &lease).await;
+    let d = &region.d;
     let mut r = router(d.grpc_addr).await;
     let tokens = kvferry_engine_node::prompt(32, 512, 3);
     for (len, refused) in [(3 << 20, true), (257, true), (256, false)] {
@@ -508,34 +518,41 @@ async fn zero_window_migration(addr: SocketAddr, req: &MigrateSessionRequest) ->
 
 /// Two regions for the zero-window rows: A holds a 1 MiB prefix (64 blocks of 16 KiB) and
 /// serves B at most 4 Mbit/s, so each fetch takes ~2 s and sends progress events all along;
-/// B allows 2 concurrent migrations and closes stalled streams after `stall_ms`. Returns the
-/// daemons, what must stay alive, and B's fetch request.
+/// B allows 2 concurrent migrations and closes stalled streams after `stall_ms`. Holds the
+/// tests' serial lock while it lives. Returns the daemons, what must stay alive, and B's
+/// fetch request.
 struct FetchRegions {
     _a: kvferry_daemon::Daemon,
     b: kvferry_daemon::Daemon,
     _keep: Vec<Box<dyn std::any::Any + Send>>,
     fetch: MigrateSessionRequest,
+    /// The regions' run dirs, removed once the daemons above stopped.
+    _dir: tempfile::TempDir,
+    _serial: tokio::sync::MutexGuard<'static, ()>,
 }
 
-async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
+impl FetchRegions {
+    /// Two routers that migrate [`FetchRegions::fetch`] in B and never read their streams.
+    async fn zero_window_pair(&self) -> [tokio::task::JoinHandle<()>; 2] {
+        [
+            zero_window_migration(self.b.grpc_addr, &self.fetch).await,
+            zero_window_migration(self.b.grpc_addr, &self.fetch).await,
+        ]
+    }
+}
+
+async fn fetch_regions(stall_ms: u64) -> FetchRegions {
+    let serial = SERIAL.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
     let spec = PoolLayoutSpec { num_blocks: 64, ..common::spec() };
-    let peer = |region: &str, addr: SocketAddr, cap: f64| Peer {
-        region: region.into(),
-        addr,
-        gbps: 1.0,
-        rtt_ms: 1.0,
-        max_egress_gbps: cap,
-        tenants: None,
-        transport: Default::default(),
-    };
     // B's peer address is only known once A runs, and A's allow-list needs B's: start B once
     // for its address... both listen on fixed free ports instead.
-    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (pa, pb) = (free(), free());
+    let (pa, pb) = (common::free_udp(), common::free_udp());
     let mut cfg_a = common::config(dir, "region-a");
-    (cfg_a.listen.peer, cfg_a.peers) = (pa, vec![peer("region-b", pb, 0.004)]);
+    (cfg_a.listen.peer, cfg_a.peers) = (pa, vec![common::peer("region-b", pb, 0.004)]);
     let mut cfg_b = common::config(dir, "region-b");
-    (cfg_b.listen.peer, cfg_b.peers) = (pb, vec![peer("region-a", pa, 0.0)]);
+    (cfg_b.listen.peer, cfg_b.peers) = (pb, vec![common::peer("region-a", pa, 0.0)]);
     (cfg_b.limits.max_concurrent_migrations, cfg_b.limits.stream_stall_ms) = (2, stall_ms);
     // Small chunks, so the pacing spreads each fetch out (one 4 MiB chunk would leave at once).
     (cfg_a.transfer.chunk_bytes, cfg_b.transfer.chunk_bytes) = (65_536, 65_536);
@@ -547,19 +564,14 @@ async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
     let (eb, tb) = answering_engine(&cfg_b, &lease_b).await;
     let prompt = kvferry_engine_node::prompt(64 * 16, 512, 100);
     let hashes = kvferry_daemon::engine_api::hashes_for(TENANT, &prompt, 16);
-    common::engine_client(&cfg_a)
-        .await
-        .publish(PublishRequest {
-            lease_id: lease_a.clone(),
-            stored: vec![BlockStored {
-                tenant: TENANT.into(),
-                block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
-                block_ids: (0..64).collect(),
-            }],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    common::publish_chain(
+        &mut common::engine_client(&cfg_a).await,
+        &lease_a,
+        TENANT,
+        &hashes,
+        (0..64).collect(),
+    )
+    .await;
     let mut fetch = request("zw", prompt, PolicyMode::Fetch);
     fetch.source_region = "region-a".into();
     let plan = router(b.grpc_addr).await.plan_migration(fetch.clone()).await.unwrap().into_inner();
@@ -574,7 +586,7 @@ async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
         Box::new(eb),
         Box::new(tb),
     ];
-    FetchRegions { _a: a, b, _keep: keep, fetch }
+    FetchRegions { _a: a, b, _keep: keep, fetch, _dir: tmp, _serial: serial }
 }
 
 /// Row "zero-window HTTP/2 client", first half: the migration slot belongs to the work. Two
@@ -583,14 +595,9 @@ async fn fetch_regions(dir: &std::path::Path, stall_ms: u64) -> FetchRegions {
 /// its migration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn zero_window_clients_hold_no_migration_slot_past_the_work() {
-    let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let f = fetch_regions(dir.path(), 120_000).await;
+    let f = fetch_regions(120_000).await;
     let t0 = Instant::now();
-    let zw = [
-        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
-        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
-    ];
+    let zw = f.zero_window_pair().await;
     let mut r = router(f.b.grpc_addr).await;
     let mut busy = 0;
     let rc = loop {
@@ -621,14 +628,9 @@ async fn zero_window_clients_hold_no_migration_slot_past_the_work() {
 /// dropped after `limits.stream_stall_ms` (its connection closed).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_that_cannot_take_its_events_is_dropped_after_the_bound() {
-    let _serial = SERIAL.lock().await;
-    let dir = tempfile::tempdir().unwrap();
-    let f = fetch_regions(dir.path(), 1_000).await;
+    let f = fetch_regions(1_000).await;
     let t0 = Instant::now();
-    let zw = [
-        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
-        zero_window_migration(f.b.grpc_addr, &f.fetch).await,
-    ];
+    let zw = f.zero_window_pair().await;
     for c in zw {
         tokio::time::timeout(Duration::from_secs(10), c)
             .await

@@ -19,16 +19,12 @@
 //! kvferry-daemon --test fault_soak -- --nocapture`. Seeded by `KVFERRY_FAULT_SEED`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kvferry_daemon::config::Peer;
-use kvferry_engine_sdk::ShmPool;
-use kvferry_layout::BlockHash;
 use kvferry_peer::{BoxFut, ChunkError, ChunkSink, FetchSpec, PeerNode};
-use kvferry_proto::v1::{BlockStored, PolicyMode, PoolLayoutSpec, PublishRequest};
+use kvferry_proto::v1::{PolicyMode, PoolLayoutSpec};
 use kvferry_wanem::relay::Relay;
 use kvferry_wanem::rng::Rng;
 use kvferry_wire::ChunkSpec;
@@ -37,6 +33,7 @@ use kvferry_wire::frame::RefusalCode;
 mod common;
 
 use common::abuse::*;
+use common::landed;
 
 const TENANTS: [&str; 4] = ["tenant-f0", "tenant-f1", "tenant-f2", "tenant-f3"];
 /// Sessions of 16 blocks (256 tokens, 256 KiB) each, 4 per tenant.
@@ -47,19 +44,9 @@ const DEADLINE_MS: u64 = 4_000;
 const GRACE: Duration = Duration::from_millis(1_500);
 const WORKERS: usize = 4;
 
-static PANICS: AtomicU64 = AtomicU64::new(0);
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-struct Session {
-    tenant: &'static str,
-    prompt: Vec<u32>,
-    hashes: Vec<BlockHash>,
-    /// A's bytes of each block (one block, all layers, staging order).
-    bytes: Vec<Vec<u8>>,
-}
+/// A session held in A; its `bytes` are A's bytes of each block (one block, all layers,
+/// staging order).
+type Session = common::HeldSession;
 
 #[derive(Default)]
 struct Tally {
@@ -72,20 +59,6 @@ struct Tally {
     late: Vec<String>,
     faults: BTreeMap<&'static str, u64>,
     mid_transfer: u64,
-}
-
-/// The landing zone's view of a session: blocks visible, and how many differ from A's.
-fn landed(b: &kvferry_daemon::Daemon, s: &Session) -> (usize, usize) {
-    let (mut present, mut wrong) = (0, 0);
-    for (h, want) in s.hashes.iter().zip(&s.bytes) {
-        if let Some(l) = b.shared.landing.get(s.tenant, h) {
-            present += 1;
-            if *l.bytes != *want {
-                wrong += 1;
-            }
-        }
-    }
-    (present, wrong)
 }
 
 /// Counts what a forged fetch lands (it must land nothing).
@@ -117,7 +90,7 @@ async fn worker(
         n += 1;
         let ctx = format!("worker {w} migration {n} ({}, seed {seed:#x})", s.tenant);
         // What an earlier migration of this session left must be whole and A's bytes.
-        let (present, wrong) = landed(&b, s);
+        let (present, wrong, _) = landed(&b, s);
         if wrong > 0 || (present != 0 && present != s.hashes.len()) {
             tally
                 .lock()
@@ -172,7 +145,7 @@ fn record(
             if rc.tokens_ready != n_tokens {
                 t.lost.push(format!("{ctx}: {} of {n_tokens} tokens ready: {rc:?}", rc.tokens_ready));
             }
-            let (present, wrong) = landed(b, s);
+            let (present, wrong, _) = landed(b, s);
             if wrong > 0 || (present != 0 && present != s.hashes.len()) {
                 t.partial_valid.push(format!("{ctx}: {present} visible, {wrong} wrong: {rc:?}"));
             }
@@ -237,33 +210,19 @@ async fn faults(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
-    let default_hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        PANICS.fetch_add(1, Ordering::Relaxed);
-        default_hook(info);
-    }));
-    let secs = env("KVFERRY_FAULT_SECS", 20);
-    let seed = env("KVFERRY_FAULT_SEED", 0x15);
+    let panics = common::count_panics();
+    let secs = common::env_u64("KVFERRY_FAULT_SECS", 20);
+    let seed = common::env_u64("KVFERRY_FAULT_SEED", 0x15);
     let dir = tempfile::tempdir().unwrap();
     let blocks = (SESSIONS * SESSION_BLOCKS) as u32;
     let spec = PoolLayoutSpec { num_blocks: blocks, ..common::spec() };
-    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-    let (pa, pb) = (free(), free());
+    let (pa, pb) = (common::free_udp(), common::free_udp());
     let relay = Arc::new(Relay::start(pa, seed).unwrap());
-    let peer = |region: &str, addr: SocketAddr, cap: f64| Peer {
-        region: region.into(),
-        addr,
-        gbps: 1.0,
-        rtt_ms: 1.0,
-        max_egress_gbps: cap,
-        tenants: None,
-        transport: Default::default(),
-    };
     let mut cfg_a = common::config(dir.path(), "region-a");
     // 16 Mbit/s toward B: a 256 KiB session takes ~130 ms alone, longer when they queue.
-    (cfg_a.listen.peer, cfg_a.peers) = (pa, vec![peer("region-b", pb, 0.016)]);
+    (cfg_a.listen.peer, cfg_a.peers) = (pa, vec![common::peer("region-b", pb, 0.016)]);
     let mut cfg_b = common::config(dir.path(), "region-b");
-    (cfg_b.listen.peer, cfg_b.peers) = (pb, vec![peer("region-a", relay.addr(), 0.0)]);
+    (cfg_b.listen.peer, cfg_b.peers) = (pb, vec![common::peer("region-a", relay.addr(), 0.0)]);
     for c in [&mut cfg_a, &mut cfg_b] {
         c.transfer.chunk_bytes = 65_536;
         c.transfer.idle_timeout_ms = 1_000;
@@ -283,11 +242,6 @@ async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
     let mut rng = Rng::new(seed);
     let data: Vec<u8> = (0..len / 8).flat_map(|_| rng.next_u64().to_le_bytes()).collect();
     pool_a.write_blocks(&ids, 0..layers, &data).unwrap();
-    let block_bytes = |id: u32, pool: &ShmPool| {
-        let mut out = vec![0u8; pool.layout().staging_len(1, 0..layers).unwrap() as usize];
-        pool.read_blocks(&[id], 0..layers, &mut out).unwrap();
-        out
-    };
     let mut engine_a = common::engine_client(&cfg_a).await;
     let mut sessions = Vec::new();
     for i in 0..SESSIONS {
@@ -295,20 +249,9 @@ async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
         let prompt = kvferry_engine_node::prompt(SESSION_BLOCKS * 16, 512, 1_000 + i as u64);
         let hashes = kvferry_daemon::engine_api::hashes_for(tenant, &prompt, 16);
         let ids: Vec<u32> = (0..SESSION_BLOCKS as u32).map(|k| (i * SESSION_BLOCKS) as u32 + k).collect();
-        engine_a
-            .publish(PublishRequest {
-                lease_id: lease_a.clone(),
-                stored: vec![BlockStored {
-                    tenant: tenant.into(),
-                    block_hashes: hashes.iter().map(|h| h.to_vec()).collect(),
-                    block_ids: ids.clone(),
-                }],
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        let bytes = ids.iter().map(|&id| block_bytes(id, &pool_a)).collect();
-        sessions.push(Session { tenant, prompt, hashes, bytes });
+        common::publish_chain(&mut engine_a, &lease_a, tenant, &hashes, ids.clone()).await;
+        let bytes = ids.iter().map(|&id| common::block_bytes(&pool_a, id)).collect();
+        sessions.push(Session { tenant, prompt, hashes, bytes, extra: () });
     }
     let sessions = Arc::new(sessions);
 
@@ -376,7 +319,7 @@ async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
         (req.tenant, req.source_region) = (s.tenant.into(), "region-a".into());
         let rc = receipt(&mut r, req).await.unwrap();
         assert_eq!((rc.action.as_str(), rc.fallback.as_str()), ("fetch", ""), "{rc:?}");
-        assert_eq!(landed(&b, s), (s.hashes.len(), 0), "{rc:?}");
+        assert_eq!(landed(&b, s), (s.hashes.len(), 0, true), "{rc:?}");
     }
 
     // Let every bound expire (idle connections, the abandoned transfers), then measure.
@@ -384,7 +327,7 @@ async fn faulty_migrations_lose_nothing_and_leave_nothing_partial() {
     let (fds1, rss1) = (fds(), rss_bytes());
     let fd_growth = fds1 as i64 - warm.0 as i64;
     let rss_growth_mib = (rss1 as f64 - warm.1 as f64) / f64::from(1 << 20);
-    let panics = PANICS.load(Ordering::Relaxed);
+    let panics = panics.load(Ordering::Relaxed);
     let t = tally.lock().unwrap();
     let faults: u64 = t.faults.values().sum();
     println!(

@@ -513,13 +513,16 @@ async fn report_load(events: EventSink, shared: Arc<Shared>, every: Duration, sc
             () = shared.drained.notified() => {}
         }
         let now = Instant::now();
-        let busy = shared.busy.lock().expect("busy lock").busy_at(now);
+        let busy = shared.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).busy_at(now);
         let span = now.saturating_duration_since(last.0).as_secs_f64();
         let util = if span > 0.0 { ((busy - last.1).as_secs_f64() / span).clamp(0.0, 1.0) } else { 0.0 };
         last = (now, busy);
         let queued =
             u32::try_from(shared.queued.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(u32::MAX);
-        let profile = profile_msg(shared.profile.lock().expect("profile lock").as_ref(), scale);
+        let profile = profile_msg(
+            shared.profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref(),
+            scale,
+        );
         events.load(queued, util, profile);
     }
 }

@@ -171,14 +171,15 @@ fn digest(logits: &[f32]) -> Vec<u8> {
 impl Worker {
     /// A worker over a built engine (profile measured, pool registered).
     pub fn new(engine: Engine<ShmKvMemory>, link: DaemonLink, shared: Arc<Shared>) -> Self {
-        *shared.profile.lock().expect("profile lock") = engine.profile().cloned();
+        *shared.profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = engine.profile().cloned();
         Worker { engine, cache: PrefixCache::new(), link, shared }
     }
 
     /// Runs jobs until every sender is gone.
     pub fn run(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         while let Some(job) = jobs.blocking_recv() {
-            self.shared.busy.lock().expect("busy lock").since = Some(Instant::now());
+            self.shared.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner).since =
+                Some(Instant::now());
             match job {
                 Job::Generate { req, reply } => {
                     let _ = reply.send(self.generate(req));
@@ -201,12 +202,13 @@ impl Worker {
                 }
             }
             {
-                let mut busy = self.shared.busy.lock().expect("busy lock");
+                let mut busy = self.shared.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                 let now = Instant::now();
                 busy.done = busy.busy_at(now);
                 busy.since = None;
             }
-            *self.shared.profile.lock().expect("profile lock") = self.engine.profile().cloned();
+            *self.shared.profile.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+                self.engine.profile().cloned();
             if self.shared.queued.fetch_sub(1, Ordering::Relaxed) == 1 {
                 self.shared.drained.notify_one();
             }
@@ -520,7 +522,13 @@ impl Worker {
 
     /// Whether the daemon cancelled the recompute `session`.
     fn cancelled(&self, session: &str) -> bool {
-        self.shared.recomputes.lock().expect("recomputes lock").get(session).copied().unwrap_or(false)
+        self.shared
+            .recomputes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(session)
+            .copied()
+            .unwrap_or(false)
     }
 
     /// Runs the daemon's Recompute, in chunks of [`RECOMPUTE_CHUNK_TOKENS`] with a look at its
@@ -558,7 +566,11 @@ impl Worker {
                 }
             })
         };
-        self.shared.recomputes.lock().expect("recomputes lock").remove(&cmd.session_id);
+        self.shared
+            .recomputes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&cmd.session_id);
         let seconds = t0.elapsed().as_secs_f64();
         match res {
             Ok(ready) => {
@@ -599,13 +611,23 @@ impl JobQueue {
 
     /// Notes a Recompute about to be queued (so a CancelRecompute can find it).
     pub fn recompute_queued(&self, session: &str) {
-        self.shared.recomputes.lock().expect("recomputes lock").insert(session.to_owned(), false);
+        self.shared
+            .recomputes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(session.to_owned(), false);
     }
 
     /// Flags the queued or running recompute `session` as cancelled; `false` when there is
     /// none (it already answered).
     pub fn cancel_recompute(&self, session: &str) -> bool {
-        self.shared.recomputes.lock().expect("recomputes lock").get_mut(session).map(|c| *c = true).is_some()
+        self.shared
+            .recomputes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_mut(session)
+            .map(|c| *c = true)
+            .is_some()
     }
 
     /// Queues a job; fails when the worker is gone.

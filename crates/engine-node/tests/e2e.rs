@@ -40,6 +40,21 @@ fn config(d: &FakeDaemon, id: &str, num_blocks: u32) -> NodeConfig {
     cfg
 }
 
+/// Starts engine `id` with a `num_blocks`-block pool against `d`.
+async fn start(d: &FakeDaemon, id: &str, num_blocks: u32) -> EngineNode {
+    EngineNode::start(config(d, id, num_blocks)).await.unwrap()
+}
+
+/// Shuts `nodes` down, then waits until each has stopped cleanly.
+async fn stop<const N: usize>(nodes: [&mut EngineNode; N]) {
+    for n in nodes.iter() {
+        n.shutdown();
+    }
+    for n in nodes {
+        n.wait().await.unwrap();
+    }
+}
+
 async fn client(path: &Path) -> ReferenceEngineClient<Channel> {
     ReferenceEngineClient::new(connect_uds(path).await.expect("connect control socket"))
 }
@@ -94,8 +109,8 @@ async fn recompute_dones(d: &FakeDaemon, n: usize, secs: u64) -> Vec<kvferry_pro
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_engines_exchange_blocks_and_match_a_full_recompute() {
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 64)).await.unwrap();
-    let mut b = EngineNode::start(config(&d, "b", 64)).await.unwrap();
+    let mut a = start(&d, "a", 64).await;
+    let mut b = start(&d, "b", 64).await;
     let (la, lb) = (a.info().lease_id.clone(), b.info().lease_id.clone());
     assert_ne!(la, lb);
     assert_eq!(a.info().model_id, b.info().model_id, "same config and seed → same model id");
@@ -157,18 +172,15 @@ async fn two_engines_exchange_blocks_and_match_a_full_recompute() {
     let r3 = generate(&mut cb, "t2", &p, 1, true).await.unwrap();
     assert_eq!(r3.loaded_tokens, 0);
 
-    a.shutdown();
-    b.shutdown();
-    a.wait().await.unwrap();
-    b.wait().await.unwrap();
+    stop([&mut a, &mut b]).await;
     assert!(!a.info().control.exists(), "control socket removed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_load_falls_back_to_recompute() {
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 32)).await.unwrap();
-    let mut c = EngineNode::start(config(&d, "c", 32)).await.unwrap();
+    let mut a = start(&d, "a", 32).await;
+    let mut c = start(&d, "c", 32).await;
     let p = prompt(40, 3);
     let ra = generate(&mut client(&a.info().control).await, "t", &p, 2, true).await.unwrap();
     let la = a.info().lease_id.clone();
@@ -180,16 +192,13 @@ async fn failed_load_falls_back_to_recompute() {
     assert_eq!((rc.new_tokens, rc.logits_digest), (ra.new_tokens, ra.logits_digest));
     let lc = c.info().lease_id.clone();
     assert!(d.calls().iter().any(|x| matches!(x, Call::Load { lease, loaded: 0, .. } if *lease == lc)));
-    a.shutdown();
-    c.shutdown();
-    a.wait().await.unwrap();
-    c.wait().await.unwrap();
+    stop([&mut a, &mut c]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recompute_command_warms_the_cache_and_reports() {
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 32)).await.unwrap();
+    let mut a = start(&d, "a", 32).await;
     let la = a.info().lease_id.clone();
     let p = prompt(40, 5);
     d.send(&la, recompute_cmd("s1", p.clone())).await;
@@ -204,15 +213,14 @@ async fn recompute_command_warms_the_cache_and_reports() {
     let mut ca = client(&a.info().control).await;
     let r = generate(&mut ca, "t", &p, 1, true).await.unwrap();
     assert_eq!((r.loaded_tokens, r.computed_tokens), (32, 8));
-    a.shutdown();
-    a.wait().await.unwrap();
+    stop([&mut a]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eviction_is_reported_and_errors_are_typed_statuses() {
     let d = daemon().await;
     // 8 blocks = 128 tokens: each 50-token request needs 4 blocks.
-    let mut a = EngineNode::start(config(&d, "a", 8)).await.unwrap();
+    let mut a = start(&d, "a", 8).await;
     let la = a.info().lease_id.clone();
     let mut ca = client(&a.info().control).await;
     let first = generate(&mut ca, "t", &prompt(50, 0), 2, true).await.unwrap();
@@ -233,8 +241,7 @@ async fn eviction_is_reported_and_errors_are_typed_statuses() {
     assert_eq!(code(generate(&mut ca, "t", &prompt(50, 9), 200, true).await), Code::ResourceExhausted);
     // Nothing leaked: the whole pool is usable again.
     generate(&mut ca, "t", &prompt(100, 9), 20, false).await.unwrap();
-    a.shutdown();
-    a.wait().await.unwrap();
+    stop([&mut a]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,7 +265,7 @@ async fn refused_pool_and_daemon_going_away() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_whose_daemon_went_away_registers_again_and_republishes_its_cache() {
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 64)).await.unwrap();
+    let mut a = start(&d, "a", 64).await;
     let la = a.info().lease_id.clone();
     let mut ca = client(&a.info().control).await;
     let p = prompt(70, 4);
@@ -301,16 +308,15 @@ async fn an_engine_whose_daemon_went_away_registers_again_and_republishes_its_ca
     assert_eq!(again.computed_tokens, 70 - 64);
     // What it publishes from now on goes to the new lease; the daemon can absorb the cache.
     assert_eq!(d.absorb(&lb), 6);
-    a.shutdown();
-    a.wait().await.unwrap();
+    stop([&mut a]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn filled_blocks_travel_byte_identical_and_digests_agree() {
     use kvferry_proto::v1::PrefixRequest;
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 64)).await.unwrap();
-    let mut b = EngineNode::start(config(&d, "b", 64)).await.unwrap();
+    let mut a = start(&d, "a", 64).await;
+    let mut b = start(&d, "b", 64).await;
     let la = a.info().lease_id.clone();
     let (mut ca, mut cb) = (client(&a.info().control).await, client(&b.info().control).await);
     let req = |tokens: &[u32]| PrefixRequest { tenant: "t1".into(), token_ids: tokens.to_vec() };
@@ -340,16 +346,13 @@ async fn filled_blocks_travel_byte_identical_and_digests_agree() {
     let oov = ca.fill(req(&[5000; 32])).await.unwrap_err();
     assert_eq!(oov.code(), Code::InvalidArgument, "{oov}");
     assert_eq!(ca.prefix_digest(req(&p)).await.unwrap().into_inner().digest, filled.digest);
-    a.shutdown();
-    b.shutdown();
-    a.wait().await.unwrap();
-    b.wait().await.unwrap();
+    stop([&mut a, &mut b]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     let d = daemon().await;
-    let mut a = EngineNode::start(config(&d, "a", 256)).await.unwrap();
+    let mut a = start(&d, "a", 256).await;
     let la = a.info().lease_id.clone();
     let cancel = |session: &str| DaemonCommand {
         command: Some(daemon_command::Command::Cancel(kvferry_proto::v1::CancelRecompute {
@@ -369,6 +372,5 @@ async fn a_cancelled_recompute_still_queued_never_runs_and_says_so() {
     // Nothing answers the cancel of a recompute the engine never had.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     assert_eq!(d.calls().iter().filter(|c| matches!(c, Call::RecomputeDone { .. })).count(), 2);
-    a.shutdown();
-    a.wait().await.unwrap();
+    stop([&mut a]).await;
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{bits, occupy, random_config, random_prompt, token_rows};
+use common::{bits, occupy, random_case, random_config, random_prompt, token_rows};
 use kvferry_engine::detmath::SplitMix64;
 use kvferry_engine::{
     BLOCK_SIZE, BlockOffer, Engine, EngineError, FingerprintMismatch, PrefixOutcome, SliceMemory,
@@ -18,9 +18,7 @@ const POOL_BLOCKS: u32 = 40;
 #[test]
 fn migrated_prefix_is_byte_and_bit_identical() {
     for case in 0..CASES {
-        let mut rng = SplitMix64::new(0xA11CE + case);
-        let cfg = random_config(&mut rng);
-        let prompt = random_prompt(&mut rng, cfg.vocab, 20, 201);
+        let (mut rng, cfg, prompt) = random_case(0xA11CE + case, 20, 201);
         let t = prompt.len();
         let ctx = format!("case {case}: {cfg:?}, {t} tokens");
 
@@ -74,9 +72,7 @@ fn migrated_prefix_is_byte_and_bit_identical() {
 #[test]
 fn split_prefill_is_bit_identical() {
     for case in 0..CASES {
-        let mut rng = SplitMix64::new(0x5B117 + case);
-        let cfg = random_config(&mut rng);
-        let prompt = random_prompt(&mut rng, cfg.vocab, 33, 201);
+        let (mut rng, cfg, prompt) = random_case(0x5B117 + case, 33, 201);
         let t = prompt.len();
         let full_blocks = t / BLOCK_SIZE;
         // Split point: block-aligned on even cases, anywhere on odd ones.
@@ -123,9 +119,7 @@ fn split_prefill_is_bit_identical() {
 #[test]
 fn one_flipped_byte_changes_the_logits() {
     for case in 0..CASES {
-        let mut rng = SplitMix64::new(0xF11B + case);
-        let cfg = random_config(&mut rng);
-        let prompt = random_prompt(&mut rng, cfg.vocab, 20, 201);
+        let (mut rng, cfg, prompt) = random_case(0xF11B + case, 20, 201);
         let t = prompt.len();
         let full_blocks = t / BLOCK_SIZE;
         let cached = matchable_tokens(t, full_blocks);
@@ -198,9 +192,7 @@ fn fingerprint_mismatch_is_refused_and_recomputed() {
 
 #[test]
 fn external_memory_matches_heap_memory() {
-    let mut rng = SplitMix64::new(0xE77);
-    let cfg = random_config(&mut rng);
-    let prompt = random_prompt(&mut rng, cfg.vocab, 20, 80);
+    let (_, cfg, prompt) = random_case(0xE77, 20, 80);
     let layout = kvferry_engine::KvLayout::for_model(&cfg, 16).unwrap();
     // One big "mapping", carved into per-layer regions, like a shm memfd pool would be.
     let mut mapping = vec![0u8; layout.region_len() * layout.layers];

@@ -48,7 +48,9 @@ pub use decision::{
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
 pub use link::LinkModel;
-pub use migration::{MigrationAction, MigrationPlan, PlanError, PlanReason, plan_hedge, plan_migration};
+pub use migration::{
+    MigrationAction, MigrationPlan, PlanError, PlanReason, consider_hedge, plan_hedge, plan_migration,
+};
 pub use queue::{QueueState, mm1_utilization_for_wait, mm1_wait_seconds, route_total_latency};
 pub use source::{HolderOffer, SourcePricing, rank_sources, ready_seconds};
 pub use split::{SplitInputs, SplitPoint};

@@ -320,6 +320,19 @@ pub fn plan_hedge(
     recompute: Option<&crate::Prediction>,
     policy: &crate::HedgePolicy,
 ) -> Option<crate::HedgeDecision> {
+    consider_hedge(plan, h, fetch, recompute, policy).filter(|d| d.choice == crate::HedgeChoice::Hedge)
+}
+
+/// What [`hedge`](crate::calibration::hedge) answered for `plan`, hedge or not (its reason says
+/// why not); `None` where no hedge was weighed at all (policy off, not a pure whole-prefix
+/// action, a prediction missing).
+pub fn consider_hedge(
+    plan: &MigrationPlan,
+    h: &Holdings,
+    fetch: Option<&crate::Prediction>,
+    recompute: Option<&crate::Prediction>,
+    policy: &crate::HedgePolicy,
+) -> Option<crate::HedgeDecision> {
     let pure = matches!(plan.action, MigrationAction::Fetch | MigrationAction::Recompute);
     let fetch_allowed = plan.model.is_some_and(|d| d.fetch.feasible);
     if !policy.allow
@@ -331,8 +344,7 @@ pub fn plan_hedge(
     {
         return None;
     }
-    let d = crate::hedge(fetch?, recompute?, policy).ok()?;
-    (d.choice == crate::HedgeChoice::Hedge).then_some(d)
+    crate::hedge(fetch?, recompute?, policy).ok()
 }
 
 #[cfg(test)]
@@ -397,5 +409,23 @@ mod tests {
         );
         let local = MigrationPlan { action: MigrationAction::AlreadyLocal, ..plan };
         assert!(plan_hedge(&local, &h, Some(&f), Some(&r), &allow).is_none());
+    }
+
+    #[test]
+    fn a_hedge_weighed_and_declined_says_why_and_one_never_weighed_is_none() {
+        let allow = crate::HedgePolicy { allow: true, ..crate::HedgePolicy::default() };
+        let h = holdings(0, 16, true);
+        let plan = plan_migration(&h, Some(&measured()), &Policy::default(), 60.0).unwrap();
+        let exact = crate::Prediction::exact;
+        let d = consider_hedge(&plan, &h, Some(&exact(0.25)), Some(&exact(0.5)), &allow).expect("weighed");
+        assert_eq!(d.choice, crate::HedgeChoice::Fetch);
+        assert!(matches!(d.reason, crate::calibration::HedgeReason::Clear { .. }), "{:?}", d.reason);
+        assert!(d.reason.to_string().contains("do not overlap"), "{}", d.reason);
+        let (f, r) = (wide(0.25), wide(0.26));
+        let hedged = consider_hedge(&plan, &h, Some(&f), Some(&r), &allow).expect("weighed");
+        assert_eq!(Some(hedged), plan_hedge(&plan, &h, Some(&f), Some(&r), &allow));
+        // Not weighed: the policy is off, or a prediction is missing.
+        assert!(consider_hedge(&plan, &h, Some(&f), Some(&r), &crate::HedgePolicy::default()).is_none());
+        assert!(consider_hedge(&plan, &h, None, Some(&r), &allow).is_none());
     }
 }

@@ -119,34 +119,61 @@ const FETCH_PRIOR_CORRECTED_WITHIN: usize = 8;
 /// Once corrected, the worst probe's error stays below this.
 const STAYS_WITHIN: f64 = 0.15;
 
-/// Samples until every probe is within 10 %; after that every probe must stay within
-/// [`STAYS_WITHIN`] through sample 60 (the samples carry 5 % noise, so the estimate wobbles).
+/// When a trace was corrected: the first sample after which every probe is within 10 %; from
+/// then on every probe must stay within [`STAYS_WITHIN`] (the samples carry 5 % noise, so
+/// the estimate wobbles).
+struct Correction {
+    seed: u64,
+    at: Option<usize>,
+}
+
+impl Correction {
+    fn new(seed: u64) -> Self {
+        Self { seed, at: None }
+    }
+
+    /// After sample `n`, the worst probe's error is `err`.
+    fn observe(&mut self, n: usize, err: f64) {
+        match self.at {
+            None if err <= 0.10 => self.at = Some(n),
+            Some(at) => assert!(err <= STAYS_WITHIN, "seed {}: corrected at {at}, {err} at {n}", self.seed),
+            None => {}
+        }
+    }
+
+    /// The samples it took (`usize::MAX`: never corrected).
+    fn samples(&self) -> usize {
+        self.at.unwrap_or(usize::MAX)
+    }
+}
+
+/// Runs `trace` on seeds 0..20 and checks the worst needed at most `within` samples.
+fn corrected_within(what: &str, within: usize, trace: fn(u64) -> usize) {
+    let ns: Vec<usize> = (0..20).map(trace).collect();
+    println!("{what} prior corrected after {ns:?} samples");
+    let worst = *ns.iter().max().unwrap();
+    assert!(worst <= within, "{ns:?}");
+}
+
+/// Samples until the fetch prior is corrected ([`Correction`]), through sample 60.
 fn fetch_samples_to_correct(seed: u64) -> usize {
     let truth = TrueFetch { fixed_s: 0.0, rtt_factor: 2.5, per_byte_s: 8.0 / 0.5e9 };
     let mut c = fetch_cal(FitConfig::default());
     assert!(worst_fetch_error(&c, &truth, 0.05) > 0.4, "the prior is badly off");
     let mut rng = Rng(seed);
-    let mut corrected_at = None;
+    let mut corrected = Correction::new(seed);
     for n in 1..=60 {
         let bytes = rng.log_range(256.0 * 1024.0, 256.0 * MIB);
         let seconds = truth.seconds(bytes, 0.05) * (1.0 + 0.05 * rng.normal());
         c.observe(FetchObservation { wire_bytes: bytes as u64, seconds, rtt_s: 0.05 }).unwrap();
-        let err = worst_fetch_error(&c, &truth, 0.05);
-        match corrected_at {
-            None if err <= 0.10 => corrected_at = Some(n),
-            Some(at) => assert!(err <= STAYS_WITHIN, "seed {seed}: corrected at {at}, {err} at {n}"),
-            None => {}
-        }
+        corrected.observe(n, worst_fetch_error(&c, &truth, 0.05));
     }
-    corrected_at.unwrap_or(usize::MAX)
+    corrected.samples()
 }
 
 #[test]
 fn a_miscalibrated_fetch_prior_is_corrected_within_n_samples() {
-    let ns: Vec<usize> = (0..20).map(fetch_samples_to_correct).collect();
-    println!("fetch prior corrected after {ns:?} samples");
-    let worst = *ns.iter().max().unwrap();
-    assert!(worst <= FETCH_PRIOR_CORRECTED_WITHIN, "{ns:?}");
+    corrected_within("fetch", FETCH_PRIOR_CORRECTED_WITHIN, fetch_samples_to_correct);
 }
 
 fn profile() -> ComputeModel {
@@ -181,32 +208,24 @@ fn recompute_samples_to_correct(seed: u64) -> usize {
     let mut cal = recompute_cal(FitConfig::default());
     assert!(worst_recompute_error(&cal, 0.0, truth) > 0.6);
     let mut rng = Rng(seed);
-    let mut corrected_at = None;
+    let mut corrected = Correction::new(seed);
     for k in 1..=60 {
         let n = rng.log_range(16.0, 1024.0) as u64;
         let c = if rng.uniform() < 0.5 { 0 } else { rng.range(0.0, 2048.0) as u64 };
         let seconds = truth(n, c, 0.0) * (1.0 + 0.05 * rng.normal());
         cal.observe(RecomputeObservation { new_tokens: n, cached_tokens: c, load: 0.0, seconds }).unwrap();
-        let err = worst_recompute_error(&cal, 0.0, truth);
-        match corrected_at {
-            None if err <= 0.10 => corrected_at = Some(k),
-            Some(at) => assert!(err <= STAYS_WITHIN, "seed {seed}: corrected at {at}, {err} at {k}"),
-            None => {}
-        }
+        corrected.observe(k, worst_recompute_error(&cal, 0.0, truth));
     }
     if seed == 0 {
         let e = cal.estimate();
         assert!((e.linear_factor - 3.0).abs() < 0.3 && (e.attention_factor - 3.0).abs() < 0.6, "{e:?}");
     }
-    corrected_at.unwrap_or(usize::MAX)
+    corrected.samples()
 }
 
 #[test]
 fn a_loaded_host_is_corrected_within_n_samples() {
-    let ns: Vec<usize> = (0..20).map(recompute_samples_to_correct).collect();
-    println!("recompute prior corrected after {ns:?} samples");
-    let worst = *ns.iter().max().unwrap();
-    assert!(worst <= RECOMPUTE_PRIOR_CORRECTED_WITHIN, "{ns:?}");
+    corrected_within("recompute", RECOMPUTE_PRIOR_CORRECTED_WITHIN, recompute_samples_to_correct);
 }
 
 #[test]

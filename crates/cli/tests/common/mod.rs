@@ -15,7 +15,7 @@ use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{
     Decision, GenerateRequest, GenerateResponse, MigrateSessionRequest, Policy, PolicyMode, Receipt,
-    migration_event,
+    ResidencyRequest, ResidencyResponse, migration_event,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -39,6 +39,8 @@ pub struct Cluster {
     pub procs: Vec<(String, Child)>,
     pub grpc: Vec<SocketAddr>,
     pub http: Vec<SocketAddr>,
+    /// Each engine's `kvferry` arguments, by region index (to start it again).
+    pub engine_args: Vec<Option<Vec<String>>>,
 }
 
 impl Drop for Cluster {
@@ -125,6 +127,7 @@ impl Cluster {
         let dev = root.path().join("dev-ca");
         kvferry_peer::DevPki::load_or_create(&dev, "kvferry.e2e").unwrap();
         let mut procs = Vec::new();
+        let mut engine_args = vec![None; n];
         for i in 0..n {
             let dir = root.path().join(NAMES[i]);
             std::fs::create_dir_all(&dir).unwrap();
@@ -185,13 +188,14 @@ impl Cluster {
             }
             args.extend(specs[i].engine_args.iter().map(String::as_str));
             procs.push((id.clone(), spawn(&dir.join("engine.log"), &args)));
+            engine_args[i] = Some(args.iter().map(|a| a.to_string()).collect());
         }
         for (i, name) in NAMES.into_iter().take(n).enumerate() {
             if !specs[i].no_engine {
                 wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
             }
         }
-        Self { root, procs, grpc, http }
+        Self { root, procs, grpc, http, engine_args }
     }
 
     pub async fn router(&self, i: usize) -> MigrationClient<Channel> {
@@ -208,9 +212,14 @@ impl Cluster {
     /// starts it again on the same config (same ports, run dir, identity); its log is appended
     /// to. Returns once the new daemon's engine socket is bound.
     pub fn restart_daemon(&mut self, i: usize, kill: bool) {
-        let name = format!("daemon {}", NAMES[i]);
-        let dir = self.dir(i);
-        let at = self.procs.iter().position(|(n, _)| *n == name).expect("a daemon process");
+        self.stop(&format!("daemon {}", NAMES[i]), kill);
+        self.start_daemon(i);
+    }
+
+    /// Stops process `name` (SIGKILL when `kill`, else SIGTERM, which must end in a clean
+    /// exit) and waits for it.
+    pub fn stop(&mut self, name: &str, kill: bool) {
+        let at = self.procs.iter().position(|(n, _)| n == name).expect("a process of that name");
         let child = &mut self.procs[at].1;
         if kill {
             let _ = child.kill();
@@ -220,6 +229,14 @@ impl Cluster {
         }
         let status = child.wait().unwrap();
         assert!(kill || status.success(), "{name} did not stop cleanly on SIGTERM: {status}");
+    }
+
+    /// Starts region `i`'s (stopped) daemon again on its config, its log appended to. Returns
+    /// once its engine socket and router port are bound.
+    pub fn start_daemon(&mut self, i: usize) {
+        let name = format!("daemon {}", NAMES[i]);
+        let dir = self.dir(i);
+        let at = self.procs.iter().position(|(n, _)| *n == name).expect("a daemon process");
         let _ = std::fs::remove_file(dir.join("engine.sock"));
         let log = std::fs::OpenOptions::new().append(true).open(dir.join("daemon.log")).unwrap();
         let cfg = dir.join("kvferry.toml");
@@ -239,6 +256,25 @@ impl Cluster {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Starts region `i`'s (stopped) engine again with its arguments, its log appended to.
+    /// Returns once its control socket is bound (a new process: its cache starts empty).
+    pub fn start_engine(&mut self, i: usize) {
+        let name = format!("engine-{}", &NAMES[i][7..]);
+        let dir = self.dir(i);
+        let at = self.procs.iter().position(|(n, _)| *n == name).expect("an engine process");
+        let _ = std::fs::remove_file(dir.join("ctl.sock"));
+        let log = std::fs::OpenOptions::new().append(true).open(dir.join("engine.log")).unwrap();
+        let args = self.engine_args[i].clone().expect("region i has an engine");
+        let child = Command::new(env!("CARGO_BIN_EXE_kvferry"))
+            .args(&args)
+            .stdout(Stdio::from(log.try_clone().unwrap()))
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        self.procs[at].1 = child;
+        wait_file(&dir.join("ctl.sock"), "the restarted engine", &mut self.procs);
     }
 
     /// Whether process `name` is still running.
@@ -292,6 +328,41 @@ pub async fn generate(
         .await
         .unwrap()
         .into_inner()
+}
+
+/// The next turn on `engine` (the migrated conversation `convo` and 7 more tokens), warm and
+/// from scratch, must agree bit for bit, the warm one with at least `min_ready` tokens loaded.
+pub async fn assert_warm_equals_cold(b: &mut ReferenceEngineClient<Channel>, convo: &[u32], min_ready: u64) {
+    let mut next = convo.to_vec();
+    next.extend(tokens(7, 99));
+    let warm = generate(b, &next, true).await;
+    let cold = generate(b, &next, false).await;
+    assert!(
+        warm.loaded_tokens >= min_ready,
+        "only {} tokens were ready (want {min_ready})",
+        warm.loaded_tokens
+    );
+    assert_eq!(warm.new_tokens, cold.new_tokens);
+    assert_eq!(
+        warm.logits_digest, cold.logits_digest,
+        "logits after the migrated prefix differ from a recompute"
+    );
+}
+
+/// `router`'s residency view of `tenant`'s prefix `t`, asking `regions` (empty: every peer).
+pub async fn residency(
+    router: &mut MigrationClient<Channel>,
+    tenant: &str,
+    t: &[u32],
+    regions: &[&str],
+) -> ResidencyResponse {
+    let req = ResidencyRequest {
+        tenant: tenant.into(),
+        token_ids: t.to_vec(),
+        regions: regions.iter().map(|r| r.to_string()).collect(),
+        ..Default::default()
+    };
+    router.get_residency(req).await.unwrap().into_inner()
 }
 
 pub fn request(session: &str, t: &[u32], mode: PolicyMode) -> MigrateSessionRequest {
@@ -392,6 +463,20 @@ impl Cluster {
     pub fn sighup(&self, name: &str) {
         let s = Command::new("kill").args(["-HUP", &self.pid(name).to_string()]).status().unwrap();
         assert!(s.success(), "kill -HUP {name}");
+    }
+
+    /// Waits until region `i`'s `what` log (`daemon`, `engine`) says `needle` `times` times
+    /// (bounded).
+    pub async fn wait_log(&self, i: usize, what: &str, needle: &str, times: usize) {
+        let t = Instant::now();
+        while self.log(i, what).matches(needle).count() < times {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "{what} log never said {needle:?} {times}×:\n{}",
+                self.log(i, what)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits until `sample` in region `i`'s `/metrics` reaches `want` (bounded).

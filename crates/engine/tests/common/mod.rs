@@ -24,6 +24,15 @@ pub fn random_config(rng: &mut SplitMix64) -> ModelConfig {
     }
 }
 
+/// Case `seed` of a property test: its generator (for the case's further draws), a random
+/// config and a random prompt of `lo..hi` tokens in its vocabulary.
+pub fn random_case(seed: u64, lo: u64, hi: u64) -> (SplitMix64, ModelConfig, Vec<u32>) {
+    let mut rng = SplitMix64::new(seed);
+    let cfg = random_config(&mut rng);
+    let prompt = random_prompt(&mut rng, cfg.vocab, lo, hi);
+    (rng, cfg, prompt)
+}
+
 /// A random prompt of `lo..hi` tokens.
 pub fn random_prompt(rng: &mut SplitMix64, vocab: usize, lo: u64, hi: u64) -> Vec<u32> {
     let n = rng.range(lo, hi);

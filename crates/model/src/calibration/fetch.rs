@@ -111,18 +111,8 @@ impl FetchCalibration {
     /// (no request is sent), as in [`LinkModel::fetch_seconds`].
     pub fn predict(&self, wire_bytes: u64, rtt_s: f64) -> Result<Prediction, ModelError> {
         non_negative("rtt_s", rtt_s)?;
-        let samples = self.fit.accepted();
-        if wire_bytes == 0 {
-            return Ok(Prediction { samples, ..Prediction::exact(0.0) });
-        }
-        let x = [1.0, rtt_s, wire_bytes as f64];
-        let seconds = self.fit.mean_at(&x);
-        Ok(Prediction {
-            seconds,
-            std_error_s: self.fit.std_error_at(&x),
-            noise_s: self.fit.noise() * seconds,
-            samples,
-        })
+        let x = (wire_bytes > 0).then_some([1.0, rtt_s, wire_bytes as f64]);
+        Ok(self.fit.prediction_at(x.as_ref()))
     }
 
     /// The calibrated figures at RTT `rtt_s`.

@@ -31,6 +31,7 @@ use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
 
+use super::Prediction;
 use crate::error::{ModelError, count, fraction, non_negative, positive};
 
 /// Tuning of the estimator. The defaults suit migrations of milliseconds to minutes.
@@ -179,6 +180,16 @@ impl<const D: usize> RobustFit<D> {
             }
         }
         v.max(0.0).sqrt()
+    }
+
+    /// The fit's prediction at features `x`: the mean, its standard error, the noise band
+    /// (the relative noise times the mean) and the samples behind them; `None` (nothing to
+    /// do) is an exact 0 s.
+    pub(crate) fn prediction_at(&self, x: Option<&[f64; D]>) -> Prediction {
+        let samples = self.accepted;
+        let Some(x) = x else { return Prediction { samples, ..Prediction::exact(0.0) } };
+        let seconds = self.mean_at(x);
+        Prediction { seconds, std_error_s: self.std_error_at(x), noise_s: self.noise * seconds, samples }
     }
 
     fn refit(&mut self) {

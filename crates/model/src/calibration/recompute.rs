@@ -138,18 +138,8 @@ impl RecomputeCalibration {
     /// Prefilling nothing costs nothing.
     pub fn predict(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> Result<Prediction, ModelError> {
         non_negative("load", load)?;
-        let samples = self.fit.accepted();
-        if new_tokens == 0 {
-            return Ok(Prediction { samples, ..Prediction::exact(0.0) });
-        }
-        let x = self.features(new_tokens, cached_tokens, load);
-        let seconds = self.fit.mean_at(&x);
-        Ok(Prediction {
-            seconds,
-            std_error_s: self.fit.std_error_at(&x),
-            noise_s: self.fit.noise() * seconds,
-            samples,
-        })
+        let x = (new_tokens > 0).then(|| self.features(new_tokens, cached_tokens, load));
+        Ok(self.fit.prediction_at(x.as_ref()))
     }
 
     /// The calibrated figures.
