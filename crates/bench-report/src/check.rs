@@ -39,8 +39,15 @@ pub fn check(r: &BenchReport) -> Vec<String> {
     for (i, d) in r.decisions.iter().enumerate() {
         let what = format!("decision #{i} ({}, {} tokens)", d.link.profile, d.prefix_tokens);
         check_link(&what, &d.link, &mut out);
-        if d.chosen != "fetch" && d.chosen != "recompute" {
-            out.push(format!("{what}: chosen is {:?}, not \"fetch\" or \"recompute\"", d.chosen));
+        match (d.chosen.as_str(), d.measured_hedge_s) {
+            ("fetch" | "recompute", None) => {}
+            ("hedge", Some(h)) => non_negative(&what, "measured_hedge_s", h, &mut out),
+            ("hedge", None) => out.push(format!("{what}: a hedge without its measured time")),
+            ("fetch" | "recompute", Some(_)) => {
+                out.push(format!("{what}: a measured hedge time on a {} decision", d.chosen))
+            }
+            _ => out
+                .push(format!("{what}: chosen is {:?}, not \"fetch\", \"recompute\" or \"hedge\"", d.chosen)),
         }
         for (name, v) in [
             ("predicted_fetch_s", d.predicted_fetch_s),
@@ -343,6 +350,25 @@ mod tests {
         r.decisions[3].chosen = "split".into();
         r.decision_summary = summaries(&r.decisions);
         one_problem(&r, "chosen is \"split\"");
+    }
+
+    #[test]
+    fn a_hedge_needs_its_measured_time_and_only_a_hedge_has_one() {
+        let mut r = sample_report();
+        r.decisions[3].chosen = "hedge".into();
+        r.decisions[3].measured_hedge_s = Some(r.decisions[3].measured_fetch_s);
+        r.decisions[3].hedge_winner = Some("fetch".into());
+        r.decision_summary = summaries(&r.decisions);
+        assert_eq!(check(&r), Vec::<String>::new());
+        r.decisions[3].measured_hedge_s = None;
+        r.decision_summary = summaries(&r.decisions);
+        one_problem(&r, "a hedge without its measured time");
+        r.decisions[3].measured_hedge_s = Some(f64::NAN);
+        r.decision_summary = summaries(&r.decisions);
+        one_problem(&r, "measured_hedge_s is NaN");
+        let mut r = sample_report();
+        r.decisions[0].measured_hedge_s = Some(1.0);
+        one_problem(&r, "a measured hedge time on a");
     }
 
     #[test]

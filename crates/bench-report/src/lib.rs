@@ -14,7 +14,7 @@ pub mod targets;
 
 pub use check::check;
 pub use markdown::markdown;
-pub use plots::{PlotError, decision_map, fetch_time_plot, goodput_plot, write_all};
+pub use plots::{PlotError, calibration_plot, decision_map, fetch_time_plot, goodput_plot, write_all};
 pub use report::*;
 pub use stats::{
     ALL_PROFILES, ErrorBucket, Outcome, SAMPLE_BUCKETS, Winner, error_by_samples, outcome, summaries,

@@ -164,7 +164,13 @@ fn decisions(r: &BenchReport, s: &mut String) {
         let _ = writeln!(s, "|---|---:|---|---:|---:|---:|---:|---|---:|---:|");
         for d in &r.decisions {
             let o = outcome(d);
-            let chosen = if o.correct { cell(&d.chosen) } else { format!("**{}**", cell(&d.chosen)) };
+            let label = match (d.chosen.as_str(), d.measured_hedge_s) {
+                ("hedge", Some(h)) => {
+                    format!("hedge ({} first, {} s)", cell(d.hedge_winner.as_deref().unwrap_or("?")), f(h, 3))
+                }
+                _ => cell(&d.chosen),
+            };
+            let chosen = if o.correct { label } else { format!("**{label}**") };
             let _ = writeln!(
                 s,
                 "| {} | {} | {chosen} | {} | {} | {} | {} | {} | {} | {} |",
@@ -179,7 +185,12 @@ fn decisions(r: &BenchReport, s: &mut String) {
                 d.modeled_crossover_tokens.map_or_else(|| "never".into(), |c| f(c, 0)),
             );
         }
-        let _ = writeln!(s, "\nA **bold** choice measured slower than the other action.\n");
+        let _ = writeln!(
+            s,
+            "\nA **bold** choice measured slower than the other action; a hedge (both started, \
+             the first to finish kept) is bold when it took more than {:.0} % over the faster one.\n",
+            crate::stats::HEDGE_TOLERANCE * 100.0
+        );
     }
     // The stored summary is what the bench wrote; recompute if it is missing.
     let computed;

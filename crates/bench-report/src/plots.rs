@@ -15,7 +15,7 @@ use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
 use crate::report::{BenchReport, DecisionPoint, TransferPoint};
-use crate::stats::{Winner, outcome};
+use crate::stats::{SAMPLE_BUCKETS, Winner, error_by_samples, outcome, prediction_errors};
 
 /// DejaVu Sans (see `assets/DejaVuSans-LICENSE.txt`).
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
@@ -31,6 +31,8 @@ pub const GOODPUT_PNG: &str = "goodput.png";
 pub const FETCH_TIME_PNG: &str = "fetch-time.png";
 /// See [`GOODPUT_PNG`].
 pub const DECISION_MAP_PNG: &str = "decision-map.png";
+/// See [`GOODPUT_PNG`].
+pub const CALIBRATION_PNG: &str = "calibration.png";
 
 /// Why a plot could not be written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -468,6 +470,103 @@ pub fn decision_map(r: &BenchReport, path: &Path) -> Result<(), PlotError> {
     })
 }
 
+/// One action's series: its name, colour and (samples, error) points.
+type ErrorSeries<'a> = (&'a str, RGBColor, Vec<(u32, f64)>);
+
+/// Errors below this are drawn at it (the y axis is logarithmic).
+const ERROR_FLOOR_PCT: f64 = 0.1;
+
+/// Prediction error against calibration samples: each decision point's |measured ÷ predicted
+/// − 1| (%, log y) for fetch (blue) and recompute (orange) at the number of executed
+/// migrations its calibration had learnt from (x), with each bucket's median (of
+/// [`SAMPLE_BUCKETS`], as in the report's table) as a line across the bucket, and the 10 %
+/// target dashed. Error should fall as samples accumulate.
+pub fn calibration_plot(r: &BenchReport, path: &Path) -> Result<(), PlotError> {
+    run(path, (1000, 700), |root| {
+        const TITLE: &str = "Prediction error against calibration samples";
+        let series: Vec<ErrorSeries> = [("fetch", FETCH_COLOR), ("recompute", RECOMPUTE_COLOR)]
+            .into_iter()
+            .map(|(a, c)| (a, c, prediction_errors(&r.decisions, a)))
+            .collect();
+        let pct = |e: f64| (e * 100.0).max(ERROR_FLOOR_PCT);
+        let Some(max_n) = series.iter().flat_map(|(_, _, v)| v.iter().map(|&(n, _)| n)).max() else {
+            return no_data(root, TITLE);
+        };
+        let x1 = f64::from(max_n) + 1.0;
+        let hi =
+            series.iter().flat_map(|(_, _, v)| v.iter().map(|&(_, e)| pct(e))).fold(20.0f64, f64::max) * 1.5;
+        let mut chart = ChartBuilder::on(root)
+            .caption(TITLE, font(26))
+            .margin(16)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d(-0.5..x1, (ERROR_FLOOR_PCT * 0.8..hi).log_scale())?;
+        chart
+            .configure_mesh()
+            .x_desc("executed migrations the calibration had learnt from")
+            .y_desc("|measured / predicted - 1|, %")
+            .label_style(font(15))
+            .axis_desc_style(font(16))
+            // Whole sample counts only.
+            .x_labels((max_n as usize + 2).min(24))
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() < 1e-6 { format!("{v:.0}") } else { String::new() }
+            })
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .draw()?;
+        chart
+            .draw_series(DashedLineSeries::new([(-0.5, 10.0), (x1, 10.0)], 8, 5, BLACK.stroke_width(1)))?
+            .label("10 % target")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
+        // Fetch points a little left of their sample count, recompute a little right, so that
+        // both stay visible at one count.
+        for (i, (action, c, pts)) in series.iter().enumerate() {
+            let (c, dx) = (*c, if i == 0 { -0.12 } else { 0.12 });
+            if pts.is_empty() {
+                continue;
+            }
+            chart
+                .draw_series(
+                    pts.iter()
+                        .map(|&(n, e)| Circle::new((f64::from(n) + dx, pct(e)), 5, c.mix(0.7).filled())),
+                )?
+                .label(format!("{action}, one point each"))
+                .legend(move |(x, y)| Circle::new((x + 9, y), 5, c.filled()));
+        }
+        let buckets = error_by_samples(&r.decisions);
+        for (action, c, _) in &series {
+            let c = *c;
+            let mut first = true;
+            for b in buckets.iter().filter(|b| b.action == *action) {
+                let (lo, hi) = SAMPLE_BUCKETS
+                    .iter()
+                    .find(|(lo, _)| *lo == b.samples_lo)
+                    .map_or((b.samples_lo, b.samples_hi), |&(lo, hi)| (lo, hi));
+                let (a, z) = (f64::from(lo) - 0.4, (f64::from(hi.min(max_n)) + 0.4).max(f64::from(lo) + 0.4));
+                let y = pct(b.median_abs_error);
+                let drawn = chart.draw_series(std::iter::once(PathElement::new(
+                    vec![(a, y), (z, y)],
+                    c.stroke_width(4),
+                )))?;
+                if first {
+                    drawn
+                        .label(format!("{action}, median per bucket"))
+                        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(4)));
+                    first = false;
+                }
+            }
+        }
+        chart
+            .configure_series_labels()
+            .label_font(font(15))
+            .background_style(WHITE.mix(0.85))
+            .border_style(GREY)
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()?;
+        Ok(())
+    })
+}
+
 fn fmt_rate(bps: f64) -> String {
     format!("{:.0}", bps / 1e6)
 }
@@ -475,11 +574,15 @@ fn fmt_rate(bps: f64) -> String {
 /// The signature every plot shares.
 pub type PlotFn = fn(&BenchReport, &Path) -> Result<(), PlotError>;
 
-/// Writes [`GOODPUT_PNG`], [`FETCH_TIME_PNG`] and [`DECISION_MAP_PNG`] into `dir` (which must
-/// exist) and returns their paths in that order.
+/// Writes [`GOODPUT_PNG`], [`FETCH_TIME_PNG`], [`DECISION_MAP_PNG`] and [`CALIBRATION_PNG`]
+/// into `dir` (which must exist) and returns their paths in that order.
 pub fn write_all(r: &BenchReport, dir: &Path) -> Result<Vec<PathBuf>, PlotError> {
-    let plots: [(&str, PlotFn); 3] =
-        [(GOODPUT_PNG, goodput_plot), (FETCH_TIME_PNG, fetch_time_plot), (DECISION_MAP_PNG, decision_map)];
+    let plots: [(&str, PlotFn); 4] = [
+        (GOODPUT_PNG, goodput_plot),
+        (FETCH_TIME_PNG, fetch_time_plot),
+        (DECISION_MAP_PNG, decision_map),
+        (CALIBRATION_PNG, calibration_plot),
+    ];
     let mut out = Vec::with_capacity(plots.len());
     for (name, plot) in plots {
         let path = dir.join(name);
@@ -523,10 +626,17 @@ mod tests {
     #[test]
     fn each_plot_writes_a_png() {
         let dir = tempfile::tempdir().unwrap();
-        let r = sample_report();
-        for (name, plot) in
-            [("g.png", goodput_plot as PlotFn), ("f.png", fetch_time_plot), ("d.png", decision_map)]
-        {
+        let mut r = sample_report();
+        // Calibration samples growing along the sweep, as in a real run.
+        for (i, d) in r.decisions.iter_mut().enumerate() {
+            (d.fetch_samples, d.recompute_samples) = (i as u32, i as u32 / 2);
+        }
+        for (name, plot) in [
+            ("g.png", goodput_plot as PlotFn),
+            ("f.png", fetch_time_plot),
+            ("d.png", decision_map),
+            ("c.png", calibration_plot),
+        ] {
             let p = dir.path().join(name);
             plot(&r, &p).unwrap();
             assert!(is_png(&p), "{name}");
@@ -538,7 +648,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let paths = write_all(&sample_report(), dir.path()).unwrap();
         let names: Vec<_> = paths.iter().map(|p| p.file_name().unwrap().to_str().unwrap()).collect();
-        assert_eq!(names, [GOODPUT_PNG, FETCH_TIME_PNG, DECISION_MAP_PNG]);
+        assert_eq!(names, [GOODPUT_PNG, FETCH_TIME_PNG, DECISION_MAP_PNG, CALIBRATION_PNG]);
         assert!(paths.iter().all(|p| is_png(p)));
         keep(&paths, "");
     }

@@ -68,7 +68,8 @@ pub struct BaselinePoint {
 pub struct DecisionPoint {
     pub link: LinkSpec,
     pub prefix_tokens: u64,
-    /// `fetch` or `recompute` (what the daemon chose under policy auto without split).
+    /// `fetch`, `recompute` (what the daemon chose under policy auto without split), or
+    /// `hedge` (it ran both and kept the first to finish; see [`Self::measured_hedge_s`]).
     pub chosen: String,
     pub predicted_fetch_s: f64,
     pub predicted_recompute_s: f64,
@@ -82,6 +83,13 @@ pub struct DecisionPoint {
     pub fetch_samples: u32,
     #[serde(default)]
     pub recompute_samples: u32,
+    /// For `chosen == "hedge"`: the hedged migration's measured wall seconds (a conversation of
+    /// its own, executed after the pure fetch and recompute were measured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_hedge_s: Option<f64>,
+    /// For a hedge: the action that finished first (`fetch` or `recompute`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hedge_winner: Option<String>,
 }
 
 /// The split measured against both pure actions at one prefix length.

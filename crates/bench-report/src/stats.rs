@@ -6,9 +6,14 @@
 //! when the chosen time equals the best (a tie counts as correct, whichever was chosen). Its
 //! **regret** is `chosen / best − 1` (0 for a correct decision).
 //!
+//! A **hedge** (`chosen == "hedge"`) runs both actions and keeps the first to finish, so it can
+//! only approach the best time, never beat it by choice: its chosen time is its own measured
+//! wall ([`DecisionPoint::measured_hedge_s`]), and it counts as correct when its regret is at
+//! most [`HEDGE_TOLERANCE`] (what running both cost on top of the faster action).
+//!
 //! Edge cases, defined rather than left to floating point:
-//! - a `chosen` other than `"fetch"` or `"recompute"` is always wrong, and is charged the slower of
-//!   the two measured times;
+//! - a `chosen` other than `"fetch"`, `"recompute"` or `"hedge"` (or a hedge without its
+//!   measured time) is always wrong, and is charged the slower of the two measured times;
 //! - the regret is 0 when the best time is 0 or not finite, or when the chosen time is not finite
 //!   (such points are reported by [`crate::check::check`]; a regret derived from them would be
 //!   meaningless), and it is never negative;
@@ -19,6 +24,10 @@ use crate::report::{DecisionPoint, DecisionSummary};
 
 /// The profile name of the summary over every point.
 pub const ALL_PROFILES: &str = "all";
+
+/// The most regret a hedge may carry and still count as correct: 5 % over the faster pure
+/// action (the price of running both on shared cores, and of cancelling the loser).
+pub const HEDGE_TOLERANCE: f64 = 0.05;
 
 /// The action that measured faster at one decision point.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,17 +77,19 @@ pub fn outcome(p: &DecisionPoint) -> Outcome {
     } else {
         Winner::Tie
     };
-    let (chosen_s, known) = match p.chosen.as_str() {
-        "fetch" => (f, true),
-        "recompute" => (r, true),
-        _ => (f.max(r), false),
+    let (chosen_s, known, hedge) = match (p.chosen.as_str(), p.measured_hedge_s) {
+        ("fetch", _) => (f, true, false),
+        ("recompute", _) => (r, true, false),
+        ("hedge", Some(h)) => (h, true, true),
+        _ => (f.max(r), false, false),
     };
-    let correct = known && chosen_s == best_s;
-    let regret = if correct || !(best_s.is_finite() && best_s > 0.0 && chosen_s.is_finite()) {
+    let exact = known && chosen_s == best_s;
+    let regret = if exact || !(best_s.is_finite() && best_s > 0.0 && chosen_s.is_finite()) {
         0.0
     } else {
         (chosen_s / best_s - 1.0).max(0.0)
     };
+    let correct = exact || (hedge && regret <= HEDGE_TOLERANCE);
     Outcome { winner, best_s, chosen_s, correct, regret }
 }
 
@@ -128,25 +139,34 @@ pub struct ErrorBucket {
 /// Sample-count buckets of [`error_by_samples`].
 pub const SAMPLE_BUCKETS: [(u32, u32); 4] = [(0, 0), (1, 2), (3, 9), (10, u32::MAX)];
 
+/// Each decision point's prediction error for `action` (`fetch` or `recompute`): the
+/// calibration samples behind its prediction and |measured ÷ predicted − 1|, in point order.
+/// Points with a non-finite or non-positive prediction or measurement are skipped.
+pub fn prediction_errors(points: &[DecisionPoint], action: &str) -> Vec<(u32, f64)> {
+    points
+        .iter()
+        .filter_map(|p| {
+            let (pred, meas, n) = match action {
+                "fetch" => (p.predicted_fetch_s, p.measured_fetch_s, p.fetch_samples),
+                "recompute" => (p.predicted_recompute_s, p.measured_recompute_s, p.recompute_samples),
+                _ => return None,
+            };
+            let ok = pred.is_finite() && meas.is_finite() && pred > 0.0 && meas > 0.0;
+            ok.then(|| (n, (meas / pred - 1.0).abs()))
+        })
+        .collect()
+}
+
 /// Prediction error against the number of calibration samples, per action and bucket of
 /// [`SAMPLE_BUCKETS`] (empty buckets left out): the error should fall as samples accumulate.
 /// Points with a non-finite or non-positive prediction or measurement are skipped.
 pub fn error_by_samples(points: &[DecisionPoint]) -> Vec<ErrorBucket> {
     let mut out = Vec::new();
     for action in ["fetch", "recompute"] {
+        let all = prediction_errors(points, action);
         for (lo, hi) in SAMPLE_BUCKETS {
-            let mut errs: Vec<f64> = points
-                .iter()
-                .filter_map(|p| {
-                    let (pred, meas, n) = if action == "fetch" {
-                        (p.predicted_fetch_s, p.measured_fetch_s, p.fetch_samples)
-                    } else {
-                        (p.predicted_recompute_s, p.measured_recompute_s, p.recompute_samples)
-                    };
-                    let ok = pred.is_finite() && meas.is_finite() && pred > 0.0 && meas > 0.0;
-                    (ok && (lo..=hi).contains(&n)).then(|| (meas / pred - 1.0).abs())
-                })
-                .collect();
+            let mut errs: Vec<f64> =
+                all.iter().filter(|(n, _)| (lo..=hi).contains(n)).map(|&(_, e)| e).collect();
             if errs.is_empty() {
                 continue;
             }
@@ -198,6 +218,8 @@ mod tests {
             modeled_crossover_tokens: Some(2000.0),
             fetch_samples: 0,
             recompute_samples: 0,
+            measured_hedge_s: None,
+            hedge_winner: None,
         }
     }
 
@@ -288,6 +310,27 @@ mod tests {
     }
 
     #[test]
+    fn a_hedge_is_judged_by_its_own_time_within_the_tolerance() {
+        let hedge = |h: Option<f64>| {
+            let mut p = point("a", "hedge", 1.0, 2.0);
+            p.measured_hedge_s = h;
+            p
+        };
+        // Within the tolerance of the faster action: correct, its regret still reported.
+        let o = outcome(&hedge(Some(1.04)));
+        assert!(o.correct && (o.regret - 0.04).abs() < 1e-12 && o.chosen_s == 1.04, "{o:?}");
+        // Faster than both measured separately (noise): correct, no regret.
+        let o = outcome(&hedge(Some(0.9)));
+        assert!(o.correct && o.regret == 0.0, "{o:?}");
+        // Past the tolerance: wrong, charged its own time (not the slower action's).
+        let o = outcome(&hedge(Some(1.5)));
+        assert!(!o.correct && (o.regret - 0.5).abs() < 1e-12, "{o:?}");
+        // A hedge without a measured time is an unknown choice.
+        let o = outcome(&hedge(None));
+        assert!(!o.correct && (o.regret - 1.0).abs() < 1e-12, "{o:?}");
+    }
+
+    #[test]
     fn summaries_group_in_first_seen_order() {
         let pts = vec![
             point("b", "fetch", 1.0, 2.0),
@@ -313,11 +356,21 @@ mod tests {
     fn arb_point() -> impl Strategy<Value = DecisionPoint> {
         (
             prop::sample::select(vec!["p1", "p2", "p3"]),
-            prop::sample::select(vec!["fetch", "recompute", "split", ""]),
+            prop::sample::select(vec!["fetch", "recompute", "split", "hedge", ""]),
             prop_oneof![4 => 0.0f64..1e4, 1 => Just(0.0), 1 => Just(f64::INFINITY), 1 => Just(f64::NAN)],
             prop_oneof![4 => 0.0f64..1e4, 1 => Just(0.0), 1 => Just(f64::INFINITY), 1 => Just(f64::NAN)],
+            prop::option::of(prop_oneof![
+                4 => 0.0f64..1e4,
+                1 => Just(0.0),
+                1 => Just(f64::INFINITY),
+                1 => Just(f64::NAN)
+            ]),
         )
-            .prop_map(|(prof, c, f, r)| point(prof, c, f, r))
+            .prop_map(|(prof, c, f, r, h)| {
+                let mut p = point(prof, c, f, r);
+                p.measured_hedge_s = h;
+                p
+            })
     }
 
     proptest! {

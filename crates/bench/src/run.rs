@@ -6,15 +6,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvferry_bench_report::{
-    BaselinePoint, BenchReport, DecisionPoint, LinkSpec, SplitPoint, TransferPoint, check, markdown, plots,
-    stats, target_notes,
+    BaselinePoint, BenchReport, LinkSpec, SplitPoint, TransferPoint, check, markdown, plots, stats,
+    target_notes,
 };
 use kvferry_model::LinkModel;
 use kvferry_proto::v1::{Action, PolicyMode};
 use kvferry_wanem::{Emulator, PathProfile, Side};
 
 use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
-use crate::session;
+use crate::session::{self, Allow};
 
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// Prefix lengths per profile for decision quality [default: 8; quick: 4].
     #[arg(long)]
     pub decision_points: Option<usize>,
+    /// Decide without hedging: the sweep's plans do not ask for a hedge, so every decision
+    /// is one pure action (by default they ask, and a point the daemon hedges is executed
+    /// hedged on a conversation of its own and judged by its own wall time).
+    #[arg(long)]
+    pub no_hedge: bool,
     /// Congestion controller of the daemons (cubic | bbr | newreno); anything else is refused
     /// when the flags are parsed.
     #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
@@ -93,6 +98,8 @@ struct Plan {
     sizes: Vec<u64>,
     baseline_bytes: u64,
     decision_points: usize,
+    /// What the sweep's plans allow (split never: the split is measured on its own).
+    decide: session::Allow,
 }
 
 fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
@@ -106,10 +113,12 @@ fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
     } else if a.quick {
         vec!["100mbit-20ms".into(), "1gbit-50ms".into()]
     } else {
-        ["100mbit-20ms", "1gbit-50ms", "1gbit-150ms", "1gbit-50ms-loss0.1"].map(String::from).to_vec()
+        ["100mbit-20ms", "1gbit-50ms", "1gbit-150ms", "1gbit-50ms-loss0.1", "1gbit-50ms+cpu-load"]
+            .map(String::from)
+            .to_vec()
     };
     for p in &profiles {
-        PathProfile::parse(p).map_err(|e| anyhow::anyhow!("--profiles: {e}"))?;
+        PathProfile::parse(with_load(p).0).map_err(|e| anyhow::anyhow!("--profiles: {e}"))?;
     }
     let sizes = if !a.sizes_mib.is_empty() {
         a.sizes_mib.clone()
@@ -132,6 +141,7 @@ fn resolve(a: &BenchArgs) -> anyhow::Result<Plan> {
         sizes: sizes.iter().map(|s| s * MIB).collect(),
         baseline_bytes: baseline_mib * MIB,
         decision_points,
+        decide: session::Allow { split: false, hedge: !a.no_hedge },
     })
 }
 
@@ -142,6 +152,60 @@ fn link_spec(name: &str, p: &PathProfile) -> LinkSpec {
         rate_bps: ab.rate_bps.map_or(f64::INFINITY, |r| r as f64),
         rtt_s: (ab.one_way_delay + p.ba.one_way_delay).as_secs_f64(),
         loss: ab.loss,
+    }
+}
+
+/// The suffix that runs a profile's decision sweep beside a competing CPU load.
+pub const CPU_LOAD_SUFFIX: &str = "+cpu-load";
+
+/// A profile name without [`CPU_LOAD_SUFFIX`], and whether it had it.
+pub fn with_load(name: &str) -> (&str, bool) {
+    name.strip_suffix(CPU_LOAD_SUFFIX).map_or((name, false), |base| (base, true))
+}
+
+/// Competing CPU work for as long as it lives: one busy thread per two host CPUs (at least
+/// one), at normal priority, each spinning on arithmetic it never sleeps in. What a region's
+/// host looks like when other work shares its cores with the engine and the daemon.
+struct CpuLoad {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl CpuLoad {
+    fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let n = (std::thread::available_parallelism().map_or(2, |n| n.get()) / 2).max(1);
+        let threads = (0..n)
+            .map(|i| {
+                let stop = stop.clone();
+                std::thread::Builder::new()
+                    .name(format!("bench-cpu-load-{i}"))
+                    .spawn(move || {
+                        let mut x = 1u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            for _ in 0..10_000 {
+                                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                            }
+                        }
+                    })
+                    .expect("spawning a CPU-load thread")
+            })
+            .collect();
+        Self { stop, threads }
+    }
+
+    fn threads(&self) -> usize {
+        self.threads.len()
+    }
+}
+
+impl Drop for CpuLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
     }
 }
 
@@ -193,7 +257,7 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
     );
     let t0 = Instant::now();
     for name in &plan.profiles {
-        let path = PathProfile::parse(name)?;
+        let path = PathProfile::parse(with_load(name).0)?;
         let mut link = link_spec(name, &path);
         if vllm.is_some() {
             link.profile = format!("{name} (vLLM)");
@@ -231,8 +295,11 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             Some(v) => {
                 let seed = 17 + 7 * report.decisions.len() as u64;
                 crate::vllm::decisions(
-                    plan.decision_points,
-                    plan.quick,
+                    crate::vllm::Sweep {
+                        points: plan.decision_points,
+                        quick: plan.quick,
+                        decide: plan.decide,
+                    },
                     &link,
                     v,
                     &mut regions,
@@ -333,7 +400,12 @@ async fn profile_body(
     report: &mut BenchReport,
 ) -> anyhow::Result<()> {
     let mut seed = 1 + 1000 * report.transfers.len() as u64 + 7 * report.decisions.len() as u64;
-    for &bytes in &plan.sizes {
+    // A loaded profile measures decisions under contention: one (the smallest) transfer warms
+    // the daemon's link estimate, no baselines; the load runs during the decision sweep only.
+    let loaded = with_load(&link.profile).1;
+    let sizes: Vec<u64> =
+        if loaded { plan.sizes.iter().copied().min().into_iter().collect() } else { plan.sizes.clone() };
+    for &bytes in &sizes {
         seed += 1;
         let p = transfer(link, shape, regions, bytes, seed).await?;
         println!(
@@ -352,7 +424,7 @@ async fn profile_body(
         report.transfers.push(p);
         regions.check_alive()?;
     }
-    if !a.no_baselines {
+    if !a.no_baselines && !loaded {
         type Baseline<'a> =
             Box<dyn Fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun> + 'a>;
         let cc = a.congestion;
@@ -400,6 +472,10 @@ async fn profile_body(
         }
     }
     if !a.no_decisions && plan.decision_points > 0 {
+        let load = loaded.then(CpuLoad::start);
+        if let Some(l) = &load {
+            println!("  competing CPU load: {} busy thread(s) during the decision sweep", l.threads());
+        }
         decisions(plan, link, shape, regions, report, seed * 31).await?;
     }
     Ok(())
@@ -428,7 +504,8 @@ async fn transfer(
     session::wait_for_holdings(&mut mig, &tokens, filled.tokens, Duration::from_secs(60)).await?;
     let (cpu_a0, cpu_b0) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
     let m =
-        session::migrate(&mut mig, &format!("bench-fetch-{seed}"), &tokens, PolicyMode::Fetch, false).await?;
+        session::migrate(&mut mig, &format!("bench-fetch-{seed}"), &tokens, PolicyMode::Fetch, Allow::PURE)
+            .await?;
     let (cpu_a1, cpu_b1) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
     let r = &m.receipt;
     if r.kind() != Action::Fetch || !r.fallback.is_empty() {
@@ -486,6 +563,111 @@ pub fn sweep_lengths_in(x: Option<f64>, n: usize, cap: u64, block: u64) -> Vec<u
     v
 }
 
+/// The daemon's two predictions at one prefix length, with their bands (see [`band_sweep`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BandProbe {
+    pub tokens: u64,
+    pub fetch_s: f64,
+    pub fetch_sd_s: f64,
+    pub recompute_s: f64,
+    pub recompute_sd_s: f64,
+}
+
+impl BandProbe {
+    /// Whether the `z`-sd bands of fetch and recompute overlap here (where the daemon is unsure
+    /// which is faster, and may hedge). A non-finite figure never overlaps.
+    pub fn overlaps(&self, z: f64) -> bool {
+        let gap = (self.fetch_s - self.recompute_s).abs();
+        gap.is_finite() && gap <= z * (self.fetch_sd_s + self.recompute_sd_s)
+    }
+}
+
+/// Bands are judged at ±1 sd, the daemon's default `policy.hedge_band_z`.
+pub const BAND_Z: f64 = 1.0;
+
+/// `n` prefix lengths (whole `block`s, at most `cap`) for a decision sweep: half spread evenly
+/// across the uncertainty band — from the shortest to the longest probed length whose bands
+/// overlap ([`BandProbe::overlaps`] at [`BAND_Z`]), widened to the probed neighbours on each
+/// side — and the rest placed geometrically around `crossover` by [`sweep_lengths_in`]. With
+/// no overlap anywhere on `grid`, all `n` are geometric. Sorted, deduplicated.
+pub fn band_sweep(grid: &[BandProbe], crossover: Option<f64>, n: usize, cap: u64, block: u64) -> Vec<u64> {
+    let b = block.max(1);
+    let mut sorted: Vec<&BandProbe> = grid.iter().collect();
+    sorted.sort_by_key(|p| p.tokens);
+    let inside: Vec<usize> = (0..sorted.len()).filter(|&i| sorted[i].overlaps(BAND_Z)).collect();
+    let (Some(&first), Some(&last)) = (inside.first(), inside.last()) else {
+        return sweep_lengths_in(crossover, n, cap, block);
+    };
+    let lo = sorted[first.saturating_sub(1)].tokens;
+    let hi = sorted[(last + 1).min(sorted.len() - 1)].tokens;
+    let k = n.div_ceil(2).max(1);
+    let mut v: Vec<u64> = (0..k)
+        .map(|i| {
+            let f = if k == 1 { 0.5 } else { i as f64 / (k - 1) as f64 };
+            let t = lo as f64 + (hi - lo) as f64 * f;
+            ((t / b as f64).round().max(1.0) as u64 * b).min(cap.max(b))
+        })
+        .collect();
+    v.extend(sweep_lengths_in(crossover, n.saturating_sub(k), cap, block));
+    v.sort_unstable();
+    v.dedup();
+    // Lengths that coincided: fill up, first from the band's other whole-block lengths, then
+    // from a denser geometric sweep, then from any length up to `cap`; each time the candidate
+    // farthest (in log tokens) from every length already chosen.
+    let all: Vec<u64> = (1..=cap.max(b) / b).map(|i| i * b).collect();
+    let pools = [
+        all.iter().copied().filter(|t| (lo..=hi).contains(t)).collect(),
+        sweep_lengths_in(crossover, 4 * n, cap, block),
+        all,
+    ];
+    for mut spare in pools {
+        spare.retain(|t| !v.contains(t));
+        while v.len() < n && !spare.is_empty() {
+            let gap =
+                |t: u64| v.iter().map(|&x| (t as f64 / x as f64).ln().abs()).fold(f64::INFINITY, f64::min);
+            let (i, _) = spare.iter().enumerate().fold((0, f64::NEG_INFINITY), |best, (i, &t)| {
+                if gap(t) > best.1 { (i, gap(t)) } else { best }
+            });
+            v.push(spare.swap_remove(i));
+            v.sort_unstable();
+        }
+    }
+    v
+}
+
+/// The band probe at `tokens` from the daemon's decision there.
+fn band_probe(tokens: u64, d: &kvferry_proto::v1::Decision) -> BandProbe {
+    let band = |a: &str| {
+        d.candidates.iter().find(|c| c.action == a).map_or((f64::NAN, 0.0), |c| (c.seconds, c.sd_s))
+    };
+    let ((fetch_s, fetch_sd_s), (recompute_s, recompute_sd_s)) = (band("fetch"), band("recompute"));
+    BandProbe { tokens, fetch_s, fetch_sd_s, recompute_s, recompute_sd_s }
+}
+
+/// Plans `probe`'s prefixes at 12 geometric lengths from one block to `cap` and returns the
+/// band probes (nothing moves).
+pub(crate) async fn probe_band(
+    mig: &mut kvferry_proto::v1::migration_client::MigrationClient<tonic::transport::Channel>,
+    probe: &[u32],
+    cap: u64,
+    block: u64,
+) -> anyhow::Result<Vec<BandProbe>> {
+    let b = block.max(1);
+    let mut lengths: Vec<u64> = (0..12)
+        .map(|i| {
+            let t = b as f64 * (cap.max(b) as f64 / b as f64).powf(f64::from(i) / 11.0);
+            ((t / b as f64).round().max(1.0) as u64 * b).min(cap.max(b))
+        })
+        .collect();
+    lengths.dedup();
+    let mut out = Vec::with_capacity(lengths.len());
+    for n in lengths {
+        let d = session::plan(mig, &probe[..n as usize], Allow::PURE).await?;
+        out.push(band_probe(n, &d));
+    }
+    Ok(out)
+}
+
 async fn decisions(
     plan: &Plan,
     link: &LinkSpec,
@@ -507,9 +689,9 @@ async fn decisions(
     // the daemon predicts a recompute under the budget.
     let budget_s = if plan.quick { 3.0 } else { 12.0 };
     let mut cap_tokens = BLOCK_TOKENS;
-    let mut d0 = session::plan(&mut mig, &probe[..cap_tokens as usize], false).await?;
+    let mut d0 = session::plan(&mut mig, &probe[..cap_tokens as usize], Allow::PURE).await?;
     while cap_tokens * 2 <= max_tokens {
-        let d = session::plan(&mut mig, &probe[..(cap_tokens * 2) as usize], false).await?;
+        let d = session::plan(&mut mig, &probe[..(cap_tokens * 2) as usize], Allow::PURE).await?;
         if session::predicted(&d, "recompute").is_none_or(|s| s > budget_s) {
             break;
         }
@@ -517,7 +699,9 @@ async fn decisions(
         d0 = d;
     }
     let crossover = d0.crossover_tokens;
-    let lengths = sweep_lengths(crossover, plan.decision_points, cap_tokens);
+    let grid = probe_band(&mut mig, &probe, cap_tokens, BLOCK_TOKENS).await?;
+    let lengths = band_sweep(&grid, crossover, plan.decision_points, cap_tokens, BLOCK_TOKENS);
+    println!("  {}", band_note(&grid));
     println!(
         "  decisions: modeled crossover {} tokens (linear recompute {:.3} ms/token, {} KiB/token, {:.3} ms/token on the wire at the live estimate); prefixes {:?}",
         crossover.map_or("none".into(), |x| format!("{x:.0}")),
@@ -528,61 +712,42 @@ async fn decisions(
     );
     for &n in &lengths {
         // Three conversations of the same length: one decided then fetched, one recomputed,
-        // one migrated with the split allowed (contents differ so no run warms another).
+        // one migrated with the split allowed (contents differ so no run warms another); a
+        // fourth when the daemon hedges, executed hedged.
         let x = session::prompt(n as usize, seed);
         let y = session::prompt(n as usize, seed + 1);
         let z = session::prompt(n as usize, seed + 2);
-        seed += 3;
+        let w = session::prompt(n as usize, seed + 3);
+        seed += 4;
         for t in [&x, &z] {
             let f = session::fill(&mut eng_a, t).await?;
             session::wait_for_holdings(&mut mig, t, f.tokens, Duration::from_secs(60)).await?;
         }
-        let d = session::plan(&mut mig, &x, false).await?;
-        let fetched =
-            session::migrate(&mut mig, &format!("bench-dq-fetch-{seed}"), &x, PolicyMode::Fetch, false)
-                .await?;
-        let recomputed = session::migrate(
-            &mut mig,
-            &format!("bench-dq-recompute-{seed}"),
-            &y,
-            PolicyMode::Recompute,
-            false,
-        )
-        .await?;
-        for (kind, what, m) in
-            [(Action::Fetch, "fetch", &fetched), (Action::Recompute, "recompute", &recomputed)]
-        {
-            if m.receipt.kind() != kind
-                || !m.receipt.fallback.is_empty()
-                || m.receipt.tokens_ready < n - BLOCK_TOKENS
-            {
-                bail!(
-                    "{what} of {n} tokens ended as {} with {} tokens ready (fallback: {})",
-                    m.receipt.action,
-                    m.receipt.tokens_ready,
-                    m.receipt.fallback
-                );
-            }
-        }
+        let d = session::plan(&mut mig, &x, plan.decide).await?;
+        let (fetched, recomputed) =
+            session::pure_runs(&mut mig, ("bench-dq", seed), &x, &y, n, BLOCK_TOKENS).await?;
         let chosen = if matches!(d.kind(), Action::Fetch | Action::Recompute) {
             d.action.clone()
         } else {
             format!("{} (unexpected)", d.action)
         };
-        let p = DecisionPoint {
-            link: link.clone(),
-            prefix_tokens: n,
-            chosen,
-            predicted_fetch_s: session::predicted(&d, "fetch").unwrap_or(f64::NAN),
-            predicted_recompute_s: session::predicted(&d, "recompute").unwrap_or(f64::NAN),
-            measured_fetch_s: fetched.receipt.wall_s,
-            measured_recompute_s: recomputed.receipt.wall_s,
-            modeled_crossover_tokens: d.crossover_tokens,
-            fetch_samples: session::samples(&d, "fetch"),
-            recompute_samples: session::samples(&d, "recompute"),
-        };
+        let mut p = session::decision_point(link, n, chosen, &d, &fetched, &recomputed);
+        if d.hedge {
+            let f = session::fill(&mut eng_a, &w).await?;
+            session::wait_for_holdings(&mut mig, &w, f.tokens, Duration::from_secs(60)).await?;
+            let hedged = session::migrate(
+                &mut mig,
+                &format!("bench-dq-hedge-{seed}"),
+                &w,
+                PolicyMode::Auto,
+                plan.decide,
+            )
+            .await?;
+            session::record_hedge(&mut p, &hedged)?;
+        }
         let split =
-            session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, true).await?;
+            session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, Allow::SPLIT)
+                .await?;
         let split_note = if split.receipt.action == "split" && split.receipt.fallback.is_empty() {
             let s = SplitPoint {
                 link: link.clone(),
@@ -610,10 +775,24 @@ async fn decisions(
             p.measured_fetch_s,
             p.measured_recompute_s
         );
+        println!("           {}", session::hedge_note(&p, &d));
         report.decisions.push(p);
         regions.check_alive()?;
     }
     Ok(())
+}
+
+/// Where the daemon's bands overlapped on the probed grid, for the log.
+pub(crate) fn band_note(grid: &[BandProbe]) -> String {
+    let inside: Vec<u64> = grid.iter().filter(|p| p.overlaps(BAND_Z)).map(|p| p.tokens).collect();
+    match (inside.first(), inside.last()) {
+        (Some(lo), Some(hi)) => format!(
+            "uncertainty band: fetch and recompute overlap at ±{BAND_Z} sd from {lo} to {hi} tokens ({} of {} probed lengths)",
+            inside.len(),
+            grid.len()
+        ),
+        _ => format!("uncertainty band: no overlap at ±{BAND_Z} sd on {} probed lengths", grid.len()),
+    }
 }
 
 #[cfg(test)]
@@ -654,12 +833,66 @@ mod tests {
         assert_eq!(sweep_lengths(Some(f64::NAN), 1, 512), vec![96]);
     }
 
+    fn probe(tokens: u64, f: f64, r: f64, sd: f64) -> BandProbe {
+        BandProbe { tokens, fetch_s: f, fetch_sd_s: sd, recompute_s: r, recompute_sd_s: sd }
+    }
+
+    #[test]
+    fn half_the_sweep_lies_across_the_uncertainty_band() {
+        // Fetch 0.1 s + 1 ms/token, recompute 1.5 ms/token, ±20 ms each: bands overlap from
+        // about 120 to 280 tokens (crossover 200).
+        let grid: Vec<BandProbe> = [16u64, 32, 64, 128, 160, 192, 224, 256, 320, 512, 1024, 2048]
+            .iter()
+            .map(|&n| probe(n, 0.1 + 1e-3 * n as f64, 1.5e-3 * n as f64, 0.02))
+            .collect();
+        let inside: Vec<u64> = grid.iter().filter(|p| p.overlaps(BAND_Z)).map(|p| p.tokens).collect();
+        assert_eq!(inside, [128, 160, 192, 224, 256]);
+        let v = band_sweep(&grid, Some(200.0), 8, 2048, 16);
+        assert!(v.windows(2).all(|w| w[0] < w[1]) && v.iter().all(|n| n % 16 == 0), "{v:?}");
+        // Four evenly across 64..=320 (the band widened to its probed neighbours) ...
+        for want in [64, 144, 240, 320] {
+            assert!(v.contains(&want), "{want} missing from {v:?}");
+        }
+        // ... and the geometric ones around the crossover, from x/4 to 4x.
+        assert!(v.contains(&48) && v.contains(&800), "{v:?}");
+        let banded = v.iter().filter(|&&n| (64..=320).contains(&n)).count();
+        assert!(banded >= 4, "{v:?}");
+        // No overlap anywhere (or no finite figures): all geometric, as before.
+        let clear: Vec<BandProbe> =
+            grid.iter().map(|p| BandProbe { fetch_sd_s: 0.0, recompute_sd_s: 0.0, ..*p }).collect();
+        assert_eq!(band_sweep(&clear, Some(200.0), 8, 2048, 16), sweep_lengths_in(Some(200.0), 8, 2048, 16));
+        let nan = [probe(64, f64::NAN, 0.1, 1.0)];
+        assert!(!nan[0].overlaps(BAND_Z));
+        assert_eq!(band_sweep(&nan, None, 3, 256, 16), sweep_lengths_in(None, 3, 256, 16));
+        assert!(band_note(&grid).contains("from 128 to 256 tokens (5 of 12"), "{}", band_note(&grid));
+        // A narrow range whose band and geometric points coincide still gets n distinct lengths.
+        let short: Vec<BandProbe> = [16u64, 64, 160, 192, 256]
+            .iter()
+            .map(|&n| probe(n, 0.1 + 1e-3 * n as f64, 1.5e-3 * n as f64, 0.02))
+            .collect();
+        let v = band_sweep(&short, Some(630.0), 4, 256, 16);
+        assert_eq!(v.len(), 4, "{v:?}");
+        assert!(v.windows(2).all(|w| w[0] < w[1]) && v.iter().all(|&n| n % 16 == 0 && n <= 256), "{v:?}");
+        assert_eq!(
+            band_sweep(&short, Some(630.0), 40, 32, 16),
+            [16, 32],
+            "no more lengths than whole blocks"
+        );
+    }
+
     #[test]
     fn flags_resolve_to_the_documented_defaults_and_bad_ones_are_refused() {
         let q = resolve(&args(&["--quick"])).unwrap();
         assert_eq!((q.profiles.len(), q.sizes.clone(), q.decision_points), (2, vec![64 * MIB], 4));
         let full = resolve(&args(&[])).unwrap();
-        assert_eq!(full.profiles, ["100mbit-20ms", "1gbit-50ms", "1gbit-150ms", "1gbit-50ms-loss0.1"]);
+        assert_eq!(
+            full.profiles,
+            ["100mbit-20ms", "1gbit-50ms", "1gbit-150ms", "1gbit-50ms-loss0.1", "1gbit-50ms+cpu-load"]
+        );
+        assert_eq!(with_load("1gbit-50ms+cpu-load"), ("1gbit-50ms", true));
+        assert_eq!(with_load("1gbit-50ms"), ("1gbit-50ms", false));
+        assert!(resolve(&args(&["--profiles", "1gbit-50ms+cpu-load;clean+cpu-load"])).is_ok());
+        assert!(resolve(&args(&["--profiles", "1gbit-50ms+gpu-load"])).is_err());
         assert_eq!(full.sizes, vec![64 * MIB, 256 * MIB, 1024 * MIB, 2048 * MIB]);
         let custom =
             resolve(&args(&["--profiles", "rate=1gbit,rtt=20ms;clean", "--sizes-mib", "8,16"])).unwrap();

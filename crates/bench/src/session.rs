@@ -4,11 +4,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use kvferry_bench_report::{DecisionPoint, LinkSpec};
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{
-    Decision, MigrateSessionRequest, Policy, PolicyMode, PrefixDigestResponse, PrefixRequest, Receipt,
-    migration_event,
+    Action, Decision, MigrateSessionRequest, Policy, PolicyMode, PrefixDigestResponse, PrefixRequest,
+    Receipt, migration_event,
 };
 use tonic::transport::Channel;
 
@@ -22,14 +23,34 @@ pub fn prompt(n: usize, seed: u64) -> Vec<u32> {
     kvferry_engine_node::prompt(n, VOCAB, seed)
 }
 
-fn request(session: &str, tokens: &[u32], mode: PolicyMode, allow_split: bool) -> MigrateSessionRequest {
+/// What a bench request allows beside its mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Allow {
+    pub split: bool,
+    /// Ask for a hedge (the bench daemons' `policy.hedge` is `on_request`).
+    pub hedge: bool,
+}
+
+impl Allow {
+    /// Neither split nor hedge: one pure action.
+    pub const PURE: Allow = Allow { split: false, hedge: false };
+    /// The split allowed, no hedge.
+    pub const SPLIT: Allow = Allow { split: true, hedge: false };
+}
+
+fn request(session: &str, tokens: &[u32], mode: PolicyMode, allow: Allow) -> MigrateSessionRequest {
     MigrateSessionRequest {
         session_id: session.to_owned(),
         tenant: TENANT.into(),
         token_ids: tokens.to_vec(),
         source_region: "region-a".into(),
         deadline_ms: 900_000,
-        policy: Some(Policy { mode: mode as i32, allow_split, max_egress_bytes: 0, allow_hedge: false }),
+        policy: Some(Policy {
+            mode: mode as i32,
+            allow_split: allow.split,
+            max_egress_bytes: 0,
+            allow_hedge: allow.hedge,
+        }),
         ..Default::default()
     }
 }
@@ -62,8 +83,10 @@ pub async fn wait_for_holdings(
 ) -> anyhow::Result<Decision> {
     let end = Instant::now() + timeout;
     loop {
-        let d =
-            mig.plan_migration(request("plan-probe", tokens, PolicyMode::Auto, false)).await?.into_inner();
+        let d = mig
+            .plan_migration(request("plan-probe", tokens, PolicyMode::Auto, Allow::PURE))
+            .await?
+            .into_inner();
         if d.source_tokens >= want {
             return Ok(d);
         }
@@ -81,9 +104,9 @@ pub async fn wait_for_holdings(
 pub async fn plan(
     mig: &mut MigrationClient<Channel>,
     tokens: &[u32],
-    allow_split: bool,
+    allow: Allow,
 ) -> anyhow::Result<Decision> {
-    Ok(mig.plan_migration(request("plan", tokens, PolicyMode::Auto, allow_split)).await?.into_inner())
+    Ok(mig.plan_migration(request("plan", tokens, PolicyMode::Auto, allow)).await?.into_inner())
 }
 
 /// What one MigrateSession answered.
@@ -101,10 +124,10 @@ pub async fn migrate(
     session: &str,
     tokens: &[u32],
     mode: PolicyMode,
-    allow_split: bool,
+    allow: Allow,
 ) -> anyhow::Result<Migrated> {
     let t0 = Instant::now();
-    let mut stream = mig.migrate_session(request(session, tokens, mode, allow_split)).await?.into_inner();
+    let mut stream = mig.migrate_session(request(session, tokens, mode, allow)).await?.into_inner();
     let (mut decision, mut receipt) = (None, None);
     while let Some(ev) = stream.message().await? {
         match ev.event {
@@ -120,6 +143,37 @@ pub async fn migrate(
     })
 }
 
+/// The two pure runs behind one decision point: `fetch_of` migrated by fetch and
+/// `recompute_of` by recompute (different contents, so that neither run warms the other),
+/// sessions `{tag}-fetch-{seed}` and `{tag}-recompute-{seed}`. Each must have run as asked,
+/// without a fallback, with all but `slack` of its `n` tokens ready.
+pub async fn pure_runs(
+    mig: &mut MigrationClient<Channel>,
+    (tag, seed): (&str, u64),
+    fetch_of: &[u32],
+    recompute_of: &[u32],
+    n: u64,
+    slack: u64,
+) -> anyhow::Result<(Migrated, Migrated)> {
+    let fetched =
+        migrate(mig, &format!("{tag}-fetch-{seed}"), fetch_of, PolicyMode::Fetch, Allow::PURE).await?;
+    let recomputed =
+        migrate(mig, &format!("{tag}-recompute-{seed}"), recompute_of, PolicyMode::Recompute, Allow::PURE)
+            .await?;
+    for (kind, what, m) in [(Action::Fetch, "fetch", &fetched), (Action::Recompute, "recompute", &recomputed)]
+    {
+        if m.receipt.kind() != kind || !m.receipt.fallback.is_empty() || m.receipt.tokens_ready + slack < n {
+            bail!(
+                "{tag}: {what} of {n} tokens ended as {} with {} tokens ready (fallback: {})",
+                m.receipt.action,
+                m.receipt.tokens_ready,
+                m.receipt.fallback
+            );
+        }
+    }
+    Ok((fetched, recomputed))
+}
+
 /// The predicted seconds of `action` among a decision's candidates.
 pub fn predicted(d: &Decision, action: &str) -> Option<f64> {
     d.candidates.iter().find(|c| c.action == action).map(|c| c.seconds)
@@ -128,4 +182,65 @@ pub fn predicted(d: &Decision, action: &str) -> Option<f64> {
 /// Calibration samples behind the decision's prediction of `action` (0 when none).
 pub fn samples(d: &Decision, action: &str) -> u32 {
     d.candidates.iter().find(|c| c.action == action).map_or(0, |c| c.calibration_samples)
+}
+
+/// One point of the decision sweep on `link`: what the daemon chose (`chosen`, as the report
+/// records it) for an `n`-token prefix under decision `d`, the two predictions and
+/// calibration sample counts behind it, and the measured walls of the pure fetch and the pure
+/// recompute.
+pub fn decision_point(
+    link: &LinkSpec,
+    n: u64,
+    chosen: String,
+    d: &Decision,
+    fetched: &Migrated,
+    recomputed: &Migrated,
+) -> DecisionPoint {
+    DecisionPoint {
+        link: link.clone(),
+        prefix_tokens: n,
+        chosen,
+        predicted_fetch_s: predicted(d, "fetch").unwrap_or(f64::NAN),
+        predicted_recompute_s: predicted(d, "recompute").unwrap_or(f64::NAN),
+        measured_fetch_s: fetched.receipt.wall_s,
+        measured_recompute_s: recomputed.receipt.wall_s,
+        modeled_crossover_tokens: d.crossover_tokens,
+        fetch_samples: samples(d, "fetch"),
+        recompute_samples: samples(d, "recompute"),
+        measured_hedge_s: None,
+        hedge_winner: None,
+    }
+}
+
+/// Records what the daemon did with a decision it planned as a hedge, executed on a
+/// conversation of its own (`run`, policy auto with the hedge allowed): a hedge that ran is
+/// judged by its own wall time and names the action that finished first; where the daemon,
+/// re-planning at execution, chose one pure action instead, that action is the choice (and the
+/// pure measurements judge it).
+pub fn record_hedge(p: &mut DecisionPoint, run: &Migrated) -> anyhow::Result<()> {
+    let r = &run.receipt;
+    if !r.fallback.is_empty() {
+        bail!("the hedged migration of {} tokens fell back: {}", p.prefix_tokens, r.fallback);
+    }
+    if r.hedged {
+        p.chosen = "hedge".into();
+        p.measured_hedge_s = Some(r.wall_s);
+        p.hedge_winner = Some(r.action.clone());
+    } else {
+        p.chosen = run.decision.action.clone();
+    }
+    Ok(())
+}
+
+/// One line on the hedge at a decision point: how the hedged run went, or why the daemon did
+/// not hedge (its reason's `not hedged:` part).
+pub fn hedge_note(p: &DecisionPoint, d: &Decision) -> String {
+    match (p.measured_hedge_s, &p.hedge_winner) {
+        (Some(s), Some(w)) => format!("hedged: {w} finished first, {s:.3} s"),
+        _ if d.hedge => format!("planned a hedge; at execution the daemon chose {}", p.chosen),
+        _ => d
+            .reason
+            .split_once("not hedged: ")
+            .map_or("no hedge weighed".into(), |(_, r)| format!("not hedged: {r}")),
+    }
 }

@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use kvferry_bench_report::{BenchReport, DecisionPoint, LinkSpec};
-use kvferry_proto::v1::{Action, PolicyMode};
+use kvferry_bench_report::{BenchReport, LinkSpec};
+use kvferry_proto::v1::PolicyMode;
 use kvferry_wanem::{Emulator, Side};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
 use crate::regions::{Region, Regions, ns_connect};
-use crate::session;
+use crate::session::{self, Allow};
 
 /// The vLLM servers' port inside each namespace.
 pub const VLLM_PORT: u16 = 8000;
@@ -184,10 +184,19 @@ pub async fn complete(
     Ok(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0))
 }
 
+/// How big a decision sweep is and what its plans allow.
+#[derive(Debug, Clone, Copy)]
+pub struct Sweep {
+    /// Prefix lengths.
+    pub points: usize,
+    /// One repetition per length instead of two.
+    pub quick: bool,
+    pub decide: Allow,
+}
+
 /// The decision-quality sweep with vLLM engines (see the module doc).
 pub async fn decisions(
-    points: usize,
-    quick: bool,
+    Sweep { points, quick, decide }: Sweep,
     link: &LinkSpec,
     v: &VllmOptions,
     regions: &mut Regions,
@@ -210,7 +219,9 @@ pub async fn decisions(
     complete(a, v, &probe, 1, session::TENANT).await?;
     let d0 = session::wait_for_holdings(&mut mig, &probe, max_tokens, Duration::from_secs(60)).await?;
     let crossover = d0.crossover_tokens;
-    let lengths = crate::run::sweep_lengths_in(crossover, points, max_tokens, bs);
+    let grid = crate::run::probe_band(&mut mig, &probe, max_tokens, bs).await?;
+    let lengths = crate::run::band_sweep(&grid, crossover, points, max_tokens, bs);
+    println!("  {}", crate::run::band_note(&grid));
     println!(
         "  decisions (vLLM): modeled crossover {} tokens (vLLM B's measured prefill {:.3} ms/token linear), prefixes {:?}",
         crossover.map_or("none".into(), |x| format!("{x:.0}")),
@@ -222,33 +233,15 @@ pub async fn decisions(
         for _ in 0..reps {
             let x = session::prompt(n as usize, seed);
             let y = session::prompt(n as usize, seed + 1);
-            seed += 2;
+            let w = session::prompt(n as usize, seed + 2);
+            seed += 3;
             complete(a, v, &x, 1, session::TENANT).await?;
             session::wait_for_holdings(&mut mig, &x, n, Duration::from_secs(60)).await?;
             let t = Instant::now();
-            let d = session::plan(&mut mig, &x, false).await?;
+            let d = session::plan(&mut mig, &x, decide).await?;
             let plan_s = t.elapsed().as_secs_f64();
-            let fetched =
-                session::migrate(&mut mig, &format!("vllm-dq-fetch-{seed}"), &x, PolicyMode::Fetch, false)
-                    .await?;
-            let recomputed =
-                session::migrate(&mut mig, &format!("vllm-dq-rec-{seed}"), &y, PolicyMode::Recompute, false)
-                    .await?;
-            for (kind, what, m) in
-                [(Action::Fetch, "fetch", &fetched), (Action::Recompute, "recompute", &recomputed)]
-            {
-                if m.receipt.kind() != kind
-                    || !m.receipt.fallback.is_empty()
-                    || m.receipt.tokens_ready + bs < n
-                {
-                    bail!(
-                        "vLLM: {what} of {n} tokens ended as {} with {} tokens ready (fallback: {})",
-                        m.receipt.action,
-                        m.receipt.tokens_ready,
-                        m.receipt.fallback
-                    );
-                }
-            }
+            let (fetched, recomputed) =
+                session::pure_runs(&mut mig, ("vllm-dq", seed), &x, &y, n, bs).await?;
             // The next turn in B finds both prefixes warm (fetched: loaded by the connector;
             // recomputed: vLLM B's own prefix cache).
             let mut turn = x.clone();
@@ -257,18 +250,20 @@ pub async fn decisions(
             if cached_fetch + bs < n {
                 bail!("vLLM B's next turn after a fetch of {n} tokens reported only {cached_fetch} cached");
             }
-            let p = DecisionPoint {
-                link: link.clone(),
-                prefix_tokens: n,
-                chosen: d.action.clone(),
-                predicted_fetch_s: session::predicted(&d, "fetch").unwrap_or(f64::NAN),
-                predicted_recompute_s: session::predicted(&d, "recompute").unwrap_or(f64::NAN),
-                measured_fetch_s: fetched.receipt.wall_s,
-                measured_recompute_s: recomputed.receipt.wall_s,
-                modeled_crossover_tokens: d.crossover_tokens,
-                fetch_samples: session::samples(&d, "fetch"),
-                recompute_samples: session::samples(&d, "recompute"),
-            };
+            let mut p = session::decision_point(link, n, d.action.clone(), &d, &fetched, &recomputed);
+            if d.hedge {
+                complete(a, v, &w, 1, session::TENANT).await?;
+                session::wait_for_holdings(&mut mig, &w, n, Duration::from_secs(60)).await?;
+                let hedged = session::migrate(
+                    &mut mig,
+                    &format!("vllm-dq-hedge-{seed}"),
+                    &w,
+                    PolicyMode::Auto,
+                    decide,
+                )
+                .await?;
+                session::record_hedge(&mut p, &hedged)?;
+            }
             println!(
                 "    {n:>5} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; next turn cached {cached_fetch} (plan {:.0} ms)",
                 p.chosen,
