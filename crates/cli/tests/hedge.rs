@@ -13,7 +13,12 @@
 //!   equals a cold recompute.
 //!
 //! In both, the hedge's legs ran at once, so neither calibrates the pure actions: B's
-//! `GetLinks` shows no fetch sample for the link to A and no recompute sample for its engine.
+//! `GetLinks` shows no fetch sample for the link to A and no recompute sample for its engine;
+//! the race calibrated engine-b's hedge interference instead (one hedge sample).
+//!
+//! - Priced with the largest interference (each leg at a fifth of its speed while the other
+//!   runs), no race can beat the better pure action: the same bands do not hedge, and the
+//!   decision says why.
 
 mod common;
 
@@ -42,6 +47,13 @@ async fn samples_in_b(cl: &Cluster) -> (u32, u32) {
     let recompute =
         links.engines.iter().find(|e| e.engine_id == "engine-b").map_or(0, |e| e.calibration_samples);
     (fetch, recompute)
+}
+
+/// engine-b's hedge interference and the hedges it was measured from, from B's `GetLinks`.
+async fn hedge_interference_in_b(cl: &Cluster) -> (f64, u32) {
+    let links = cl.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let e = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b's calibration");
+    (e.hedge_interference, e.hedge_samples)
 }
 
 async fn warm_equals_cold(cl: &Cluster, convo: &[u32]) {
@@ -79,6 +91,8 @@ async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
     let m = cl.metrics(1).await;
     assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"recompute\"}"), 1.0);
     assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
+    let (i, n) = hedge_interference_in_b(&cl).await;
+    assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
     warm_equals_cold(&cl, &convo).await;
 }
 
@@ -107,5 +121,28 @@ async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
+    let (i, n) = hedge_interference_in_b(&cl).await;
+    assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
+    warm_equals_cold(&cl, &convo).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_race_priced_with_heavy_interference_is_not_run() {
+    fn priced_b(c: &mut kvferry_daemon::Config) {
+        hedging_b(c);
+        c.policy.hedge_interference = 4.0;
+    }
+    let b = RegionSpec { configure: Some(priced_b), ..Default::default() };
+    let cl = Cluster::start([RegionSpec::default(), b]);
+    let (mut eng_a, mut router_b) = (cl.engine(0).await, cl.router(1).await);
+    let convo = tokens(1024, 33);
+    generate(&mut eng_a, &convo, true).await;
+    let req = request("s-hedge-priced", &convo, PolicyMode::Auto);
+    wait_for_source(&mut router_b, &req).await;
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert!(!d.hedge && d.reason.contains("not hedged"), "slowed 5x, a race cannot win: {d:?}");
+    assert_eq!(hedge_interference_in_b(&cl).await, (4.0, 0), "the prior is what GetLinks reports");
+    assert!(!r.hedged && r.tokens_ready == 1024, "{r:?}");
+    assert_eq!(metric(&cl.metrics(1).await, "kvferry_hedges_total{winner=\"fetch\"}"), 0.0);
     warm_equals_cold(&cl, &convo).await;
 }

@@ -8,7 +8,9 @@
 //! or configured goodput) and follows them until its first sample; an engine's starts at the
 //! profile it reported and is rebased whenever the engine reports a new one. An engine's split
 //! interference (how much a split's legs slow each other on this host) starts at
-//! `[policy] split_interference` and follows the executed splits.
+//! `[policy] split_interference` and follows the executed splits; its hedge interference (the
+//! same two actions racing) starts at `[policy] hedge_interference`, follows the split's once
+//! that is measured, and the executed hedges' own once there are any.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -36,6 +38,7 @@ pub struct Calibrations {
     fetch: Mutex<HashMap<String, FetchCalibration>>,
     recompute: Mutex<HashMap<String, EngineCal>>,
     split: Mutex<HashMap<String, InterferenceCalibration>>,
+    hedge: Mutex<HashMap<String, InterferenceCalibration>>,
 }
 
 impl std::fmt::Debug for Calibrations {
@@ -128,15 +131,34 @@ impl Calibrations {
 
     /// Folds in one executed split of `engine_id`, planned with interference `used`.
     pub fn observe_split(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
-        let mut all = self.split.locked();
-        let cal = match all.get_mut(engine_id) {
-            Some(c) => c,
-            None => match InterferenceCalibration::new(prior) {
-                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
-                Err(e) => return log_refused("split", engine_id, Err(e)),
-            },
-        };
-        log_refused("split", engine_id, cal.observe(used, predicted_s, measured_s));
+        observe_interference(&self.split, "split", engine_id, prior, used, predicted_s, measured_s);
+    }
+
+    /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
+    /// before the first, from its executed splits (the same two actions running at once on the
+    /// same host); `prior` until either.
+    pub fn hedge_interference(&self, engine_id: &str, prior: f64) -> f64 {
+        self.hedge_state(engine_id, prior).0
+    }
+
+    /// `engine_id`'s hedge interference and the hedges it was measured from (0 while it is the
+    /// prior or borrowed from the splits).
+    pub fn hedge_state(&self, engine_id: &str, prior: f64) -> (f64, u64) {
+        if let Some(c) = self.hedge.locked().get(engine_id) {
+            return (c.estimate(), c.samples());
+        }
+        match self.split.locked().get(engine_id) {
+            Some(c) if c.samples() > 0 => (c.estimate(), 0),
+            _ => (prior, 0),
+        }
+    }
+
+    /// Folds in one executed hedge of `engine_id` whose winner finished `measured_s` after
+    /// both legs started, against the race's expected `predicted_s` priced with interference
+    /// `used` on both legs. Scaling both legs by `1 + i` scales the expected minimum by exactly
+    /// `1 + i`, so the split's estimator ([`InterferenceCalibration`]) applies unchanged.
+    pub fn observe_hedge(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
+        observe_interference(&self.hedge, "hedge", engine_id, prior, used, predicted_s, measured_s);
     }
 
     /// `region`'s calibrated fetch figures at RTT `rtt_s`, once it has any state.
@@ -152,6 +174,26 @@ impl Calibrations {
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
+}
+
+fn observe_interference(
+    map: &Mutex<HashMap<String, InterferenceCalibration>>,
+    what: &str,
+    engine_id: &str,
+    prior: f64,
+    used: f64,
+    predicted_s: f64,
+    measured_s: f64,
+) {
+    let mut all = map.locked();
+    let cal = match all.get_mut(engine_id) {
+        Some(c) => c,
+        None => match InterferenceCalibration::new(prior) {
+            Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
+            Err(e) => return log_refused(what, engine_id, Err(e)),
+        },
+    };
+    log_refused(what, engine_id, cal.observe(used, predicted_s, measured_s));
 }
 
 fn log_refused(what: &str, key: &str, r: Result<(), CalibrationError>) {
@@ -215,6 +257,28 @@ mod tests {
         c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
         assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
         assert_eq!(c.split_state("e", 9.0).1, 1);
+    }
+
+    #[test]
+    fn hedge_interference_is_the_prior_then_the_splits_then_its_own_hedges() {
+        let c = Calibrations::default();
+        assert_eq!(c.hedge_state("e", 0.1), (0.1, 0));
+        // A split measured 1.5× slowdown: hedges borrow it before any hedge ran.
+        c.observe_split("e", 0.0, 0.0, 1.0, 1.5);
+        assert!((c.hedge_interference("e", 0.1) - 0.5).abs() < 1e-12);
+        assert_eq!(c.hedge_state("e", 0.1).1, 0, "borrowed, not measured");
+        assert_eq!(c.hedge_interference("other", 0.1), 0.1, "per engine");
+        // A hedge priced with 0.5 whose winner took 2/1.5 of the expected race: 1 + i = 2.
+        c.observe_hedge("e", 0.1, 0.5, 1.5, 2.0);
+        assert!((c.hedge_interference("e", 0.1) - 1.0).abs() < 1e-12);
+        assert_eq!(c.hedge_state("e", 0.1).1, 1);
+        // The split's own estimate is untouched by hedges.
+        assert!((c.split_interference("e", 0.0) - 0.5).abs() < 1e-12);
+        // A hedge faster than priced says "none", never a negative slowdown.
+        for _ in 0..3 {
+            c.observe_hedge("e", 0.1, 1.0, 2.0, 0.5);
+        }
+        assert_eq!(c.hedge_interference("e", 0.1), 0.0);
     }
 
     #[test]

@@ -419,8 +419,12 @@ pub struct PolicyDefaults {
     /// Cost cap: the most target-compute seconds a hedge may be expected to waste on a
     /// recompute that loses, in ms (0: no cap).
     pub hedge_max_wasted_compute_ms: f64,
-    /// Relative slowdown of each leg while the other runs beside it (they share this host's
-    /// cores when the engine prefills on CPU).
+    /// Prior of the hedge interference: the relative slowdown of each leg of a hedge while the
+    /// other races it (they share this host's cores when the engine prefills on CPU). With
+    /// `calibrate`, an engine's measured split interference replaces it, and its executed
+    /// hedges' own measurement (winner's time against the race's expected time) replaces that;
+    /// a hedge that cannot beat the better pure action by `hedge_min_gain` once slowed is not
+    /// run. At most 4.
     pub hedge_interference: f64,
     /// Prior of the split interference: the relative slowdown of each leg of a split while the
     /// other runs (0: separate resources). With `calibrate`, each engine's executed splits
@@ -763,8 +767,8 @@ impl Config {
         if !(p.hedge_max_wasted_compute_ms.is_finite() && p.hedge_max_wasted_compute_ms >= 0.0) {
             return Err(invalid("policy.hedge_max_wasted_compute_ms", "must be >= 0"));
         }
-        if !(p.hedge_interference.is_finite() && p.hedge_interference >= 0.0) {
-            return Err(invalid("policy.hedge_interference", "must be >= 0"));
+        if !(0.0..=4.0).contains(&p.hedge_interference) {
+            return Err(invalid("policy.hedge_interference", "must be in [0, 4]"));
         }
         if !(0.0..=4.0).contains(&p.split_interference) {
             return Err(invalid("policy.split_interference", "must be in [0, 4]"));
@@ -878,6 +882,7 @@ mod tests {
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_band_z = -1", "policy.hedge_band_z"),
             ("[policy]\nhedge_interference = -0.5", "policy.hedge_interference"),
+            ("[policy]\nhedge_interference = 4.5", "policy.hedge_interference"),
             ("[policy]\nsplit_interference = 5", "policy.split_interference"),
             ("[policy]\nsplit_interference = -1", "policy.split_interference"),
             ("[policy]\neviction_hint_pool_use = 1.5", "policy.eviction_hint_pool_use"),

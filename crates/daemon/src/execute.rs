@@ -157,7 +157,7 @@ fn fill_recompute(shared: &Shared, p: &Prepared, receipt: &mut Receipt, tokens: 
 /// is released; no block becomes visible). A dropped recompute is cancelled in the engine
 /// (`CancelRecompute`), and the time it ran until the winner finished is accounted as wasted (`hedge_loser_s`, `kvferry_hedge_wasted_milliseconds_total`). When the first
 /// to finish failed, the other is awaited. Neither leg calibrates the pure actions: they ran
-/// concurrently.
+/// concurrently; a clean race calibrates the engine's hedge interference instead.
 async fn hedge(
     shared: &Arc<Shared>,
     p: &Prepared,
@@ -188,6 +188,22 @@ async fn hedge(
     };
     let loser_s = started.elapsed().as_secs_f64();
     let m = &shared.metrics;
+    // A clean race (the first to finish succeeded) is one sample of this engine's hedge
+    // interference: the winner's time against the race's expected minimum, which was priced
+    // with the interference then in force. A race whose first leg failed is not one.
+    let clean = matches!(first, First::Fetch(Ok(_)) | First::Recompute(Ok(_)));
+    if clean
+        && shared.config.policy.calibrate
+        && let Some(h) = plan.hedge.filter(|h| h.expected_s > 0.0)
+    {
+        shared.calib.observe_hedge(
+            &p.engine.engine_id,
+            shared.config.policy.hedge_interference,
+            p.hedge_policy.fetch_interference,
+            h.expected_s,
+            loser_s,
+        );
+    }
     match first {
         First::Fetch(Ok(r)) => {
             fill_fetch(shared, &src, receipt, &r, plan.hedge_fetch_end * bs);

@@ -123,10 +123,19 @@ pub fn grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
-fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest) -> HedgePolicy {
+/// What a hedge may do for request `r` on engine `engine_id`. Both legs are priced with the
+/// engine's hedge interference ([`crate::calib::Calibrations::hedge_interference`]): on a host
+/// where the CPU prefill and the transfer share cores, a race of the two is slower than the
+/// faster of them alone, and an unpriced hedge loses to the better pure action.
+fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest, engine_id: &str) -> HedgePolicy {
     use crate::config::HedgeMode;
     let c = &shared.config.policy;
     let asked = r.policy.is_some_and(|p| p.allow_hedge);
+    let interference = if c.calibrate {
+        shared.calib.hedge_interference(engine_id, c.hedge_interference)
+    } else {
+        c.hedge_interference
+    };
     HedgePolicy {
         allow: c.calibrate
             && match c.hedge {
@@ -135,8 +144,8 @@ fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest) -> HedgePolicy {
                 HedgeMode::Always => true,
             },
         band_z: c.hedge_band_z,
-        fetch_interference: c.hedge_interference,
-        recompute_interference: c.hedge_interference,
+        fetch_interference: interference,
+        recompute_interference: interference,
         min_gain: c.hedge_min_gain,
         max_wasted_compute_s: (c.hedge_max_wasted_compute_ms > 0.0)
             .then(|| c.hedge_max_wasted_compute_ms / 1000.0),
@@ -308,6 +317,7 @@ pub async fn prepare_with(
         if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
     };
 
+    let hedge_policy = hedge_policy_of(shared, r, &engine.engine_id);
     let mut p = Prepared {
         session_id: r.session_id.clone(),
         tenant: r.tenant.clone(),
@@ -329,7 +339,7 @@ pub async fn prepare_with(
         fetch_cal: None,
         recompute_cal: None,
         engine_load,
-        hedge_policy: hedge_policy_of(shared, r),
+        hedge_policy,
     };
     if local_blocks == p.hashes.len() && !ask_when_local {
         return Ok(p);
@@ -722,6 +732,7 @@ pub fn engine_calibration(
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
     (split_interference, split_samples): (f64, u64),
+    (hedge_interference, hedge_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
     kvferry_proto::v1::EngineCalibration {
         engine_id: engine_id.to_owned(),
@@ -735,6 +746,8 @@ pub fn engine_calibration(
         load_factor: e.load_factor,
         split_interference,
         split_samples: split_samples.min(u64::from(u32::MAX)) as u32,
+        hedge_interference,
+        hedge_samples: hedge_samples.min(u64::from(u32::MAX)) as u32,
     }
 }
 

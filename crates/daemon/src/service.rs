@@ -208,8 +208,10 @@ impl Migration for MigrationService {
             .engines()
             .iter()
             .map(|(id, reported, e)| {
-                let split = self.shared.calib.split_state(id, self.shared.config.policy.split_interference);
-                engine_calibration(id, *reported, e, split)
+                let policy = &self.shared.config.policy;
+                let split = self.shared.calib.split_state(id, policy.split_interference);
+                let hedge = self.shared.calib.hedge_state(id, policy.hedge_interference);
+                engine_calibration(id, *reported, e, split, hedge)
             })
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
