@@ -9,6 +9,14 @@
 //!
 //! `E[min(X, Y)] = E X · Φ(α) + E Y · Φ(−α) − θ · φ(α)`.
 //!
+//! Finishing times are not negative, but a Gaussian whose sd is near or above its mean (an
+//! uncalibrated short fetch under a wide prior band) has mass below zero, and the closed form
+//! then promises a race that ends at once — which no slowdown factor can make lose. The race's
+//! expected time is therefore taken as `E[min(X, Y)] + E[X⁻] + E[Y⁻]` (each `E[N⁻] =
+//! σ·φ(μ/σ) − μ·Φ(−μ/σ)`, the mass below zero), an upper bound of `E[min(X⁺, Y⁺)]`: it equals
+//! Clark's value where the sds are small against the means, is never below zero, and is
+//! conservative (it can only argue against a hedge) where they are not.
+//!
 //! The recompute it starts is wasted when the fetch wins; it ran until then:
 //! `E[X · 1{X < Y}] = E X · Φ(α) − (Var X / θ) · φ(α)` target-compute seconds.
 //!
@@ -249,13 +257,22 @@ impl Race {
         }
         let alpha = (my - mx) / theta;
         let (cdf, cdf_neg, pdf) = (normal_cdf(alpha), normal_cdf(-alpha), normal_pdf(alpha));
-        // Never above either mean, whatever rounding does: min(X, Y) ≤ X and ≤ Y pointwise.
-        // Never below 0 either: times are not negative, though the Gaussian tails say so when
-        // an sd is much larger than its mean (an uncalibrated short fetch).
-        let expected_min = (mx * cdf + my * cdf_neg - theta * pdf).min(mx).min(my).max(0.0);
+        // The mass the Gaussians put below zero is added back (module doc): an upper bound of
+        // the race of the non-negative times, never below 0. Never above either mean, whatever
+        // rounding does: min(X, Y) ≤ X and ≤ Y pointwise.
+        let clark = mx * cdf + my * cdf_neg - theta * pdf;
+        let expected_min = (clark + below_zero(mx, sx) + below_zero(my, sy)).min(mx).min(my).max(0.0);
         let first_wins_time = (mx * cdf - sx * sx / theta * pdf).max(0.0);
         Self { expected_min, p_first_wins: cdf, first_wins_time }
     }
+}
+
+/// `E[max(−N, 0)]` for `N ~ N(m, s²)`: how much of the mean lies below zero.
+fn below_zero(m: f64, s: f64) -> f64 {
+    if s <= 1e-300 || !s.is_finite() {
+        return (-m).max(0.0);
+    }
+    (s * normal_pdf(m / s) - m * normal_cdf(-m / s)).max(0.0)
 }
 
 /// Standard normal density.
@@ -339,7 +356,19 @@ mod tests {
     fn the_expected_time_is_never_negative() {
         // A short fetch with a wide prior band: the Gaussian closed form goes below 0.
         let d = hedge(&pred(0.001, 0.010), &pred(0.07, 0.06), &allowed()).unwrap();
-        assert!(d.hedge_s >= 0.0 && d.expected_s >= 0.0, "{d:?}");
+        assert!(d.hedge_s > 0.0 && d.expected_s > 0.0, "{d:?}");
+        // The mass below zero added back: a race of wide bands is no faster than its faster
+        // mean (nothing to gain from the band), so a 5× slowdown always loses.
+        let d = hedge(&pred(0.0014, 0.010), &pred(0.2, 0.15), &allowed()).unwrap();
+        assert!((d.hedge_s - 0.0014).abs() < 1e-12, "{d:?}");
+        assert!(below_zero(1.0, 0.2) < 1e-7 && (below_zero(0.0, 1.0) - normal_pdf(0.0)).abs() < 1e-12);
+        assert_eq!((below_zero(-2.0, 0.0), below_zero(2.0, 0.0)), (2.0, 0.0));
+        let slowed =
+            HedgePolicy { fetch_interference: 4.0, recompute_interference: 4.0, band_z: 1e6, ..allowed() };
+        for (mf, sf, mr, sr) in [(0.0014, 0.010, 0.2, 0.15), (1.0, 5.0, 1.0, 5.0), (0.01, 1.0, 0.02, 1.0)] {
+            let d = hedge(&pred(mf, sf), &pred(mr, sr), &slowed).unwrap();
+            assert!(matches!(d.reason, HedgeReason::NoGain { .. }), "{mf} {sf} {mr} {sr}: {d:?}");
+        }
     }
 
     #[test]
