@@ -39,23 +39,37 @@ async fn landing(cl: &Cluster, state: &str) -> f64 {
     metric(&cl.metrics(1).await, &format!("kvferry_landing_zone_bytes{{state=\"{state}\"}}"))
 }
 
-/// The next turn in region B, warm and from scratch, must agree bit for bit.
-/// Calibration samples B holds: (fetch, for the link to A; recompute, for engine-b).
-async fn samples_in_b(cl: &Cluster) -> (u32, u32) {
+/// What B's `GetLinks` says it learnt: fetch samples for the link to A, recompute samples for
+/// engine-b, and engine-b's hedge interference with the hedges it was measured from.
+struct Learnt {
+    fetch: u32,
+    recompute: u32,
+    hedge_interference: f64,
+    hedge_samples: u32,
+}
+
+async fn learnt_in_b(cl: &Cluster) -> Learnt {
     let links = cl.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let fetch = links.links.iter().find(|l| l.region == "region-a").map_or(0, |l| l.calibration_samples);
-    let recompute =
-        links.engines.iter().find(|e| e.engine_id == "engine-b").map_or(0, |e| e.calibration_samples);
-    (fetch, recompute)
-}
-
-/// engine-b's hedge interference and the hedges it was measured from, from B's `GetLinks`.
-async fn hedge_interference_in_b(cl: &Cluster) -> (f64, u32) {
-    let links = cl.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let e = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b's calibration");
-    (e.hedge_interference, e.hedge_samples)
+    Learnt {
+        fetch,
+        recompute: e.calibration_samples,
+        hedge_interference: e.hedge_interference,
+        hedge_samples: e.hedge_samples,
+    }
 }
 
+/// After one race: neither pure action calibrated (the legs ran at once), one sample of the
+/// hedge interference instead.
+async fn assert_the_race_calibrated_only_the_interference(cl: &Cluster) {
+    let l = learnt_in_b(cl).await;
+    assert_eq!((l.fetch, l.recompute), (0, 0), "a hedge's winner calibrated a pure action");
+    let (i, n) = (l.hedge_interference, l.hedge_samples);
+    assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
+}
+
+/// The next turn in region B, warm and from scratch, must agree bit for bit.
 async fn warm_equals_cold(cl: &Cluster, convo: &[u32]) {
     assert_warm_equals_cold(&mut cl.engine(1).await, convo, (convo.len() / 16 * 16) as u64).await;
 }
@@ -90,9 +104,7 @@ async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
     assert_eq!(landing(&cl, "used").await, 0.0, "the cancelled fetch left blocks in the landing zone");
     let m = cl.metrics(1).await;
     assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"recompute\"}"), 1.0);
-    assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
-    let (i, n) = hedge_interference_in_b(&cl).await;
-    assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
+    assert_the_race_calibrated_only_the_interference(&cl).await;
     warm_equals_cold(&cl, &convo).await;
 }
 
@@ -120,9 +132,7 @@ async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
         assert!(t.elapsed() < Duration::from_secs(10), "the engine never acknowledged the cancel");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(samples_in_b(&cl).await, (0, 0), "a hedge's winner calibrated a pure action");
-    let (i, n) = hedge_interference_in_b(&cl).await;
-    assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
+    assert_the_race_calibrated_only_the_interference(&cl).await;
     warm_equals_cold(&cl, &convo).await;
 }
 
@@ -141,7 +151,8 @@ async fn a_race_priced_with_heavy_interference_is_not_run() {
     wait_for_source(&mut router_b, &req).await;
     let (d, r) = migrate(&mut router_b, req).await;
     assert!(!d.hedge && d.reason.contains("not hedged"), "slowed 5x, a race cannot win: {d:?}");
-    assert_eq!(hedge_interference_in_b(&cl).await, (4.0, 0), "the prior is what GetLinks reports");
+    let l = learnt_in_b(&cl).await;
+    assert_eq!((l.hedge_interference, l.hedge_samples), (4.0, 0), "the prior is what GetLinks reports");
     assert!(!r.hedged && r.tokens_ready == 1024, "{r:?}");
     assert_eq!(metric(&cl.metrics(1).await, "kvferry_hedges_total{winner=\"fetch\"}"), 0.0);
     warm_equals_cold(&cl, &convo).await;
