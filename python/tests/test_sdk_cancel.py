@@ -33,7 +33,12 @@ class _Daemon(rpc.EngineServicer):
 
         threading.Thread(target=read, daemon=True).start()
         while True:
-            cmd = self.commands.get()
+            try:
+                # Bounded: a test that fails before its closing `None` cannot leave the
+                # server's worker (which the interpreter joins at exit) waiting for ever.
+                cmd = self.commands.get(timeout=60)
+            except queue.Empty:
+                return
             if cmd is None:
                 return
             yield cmd
@@ -88,7 +93,7 @@ def test_a_cancelled_recompute_stops_and_says_so(tmp_path):
     # A cancel for a recompute that already answered changes nothing.
     d.commands.put(_cancel("s1"))
     d.commands.put(None)
-    client._channel.close()
+    client.close()
     server.stop(0)
 
 
@@ -111,5 +116,5 @@ def test_without_a_cancel_handler_the_recompute_answers_as_usual(tmp_path):
     # No cancel claimed that it did not do.
     assert (done.session_id, done.cancelled, done.tokens) == ("s2", False, 3)
     d.commands.put(None)
-    client._channel.close()
+    client.close()
     server.stop(0)

@@ -28,22 +28,24 @@ SPEC = LayoutSpec(
 
 class _Daemon(rpc.EngineServicer):
     """Leases `<name>-<n>`; records registrations and each lease's events; `end()` closes
-    every Attach stream, as a daemon going away does."""
+    every Attach stream and refuses what comes after, as a daemon going away does."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.registrations: list[pb.RegisterPoolRequest] = []
         self.events: queue.Queue[pb.EngineEvent] = queue.Queue()
-        self._ends: list[threading.Event] = []
+        # Sticky: an Attach that arrives after `end()` (the client attaches on its own thread)
+        # ends at once instead of waiting for an end that already happened.
+        self._ended = threading.Event()
+        self.pool: futures.ThreadPoolExecutor | None = None  # the server's handler threads
 
     def RegisterPool(self, request, context):
+        if self._ended.is_set():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is going away")
         self.registrations.append(request)
         return pb.RegisterPoolResponse(lease_id=f"{self.name}-{len(self.registrations)}", lease_ttl_ms=30_000)
 
     def Attach(self, request_iterator, context):
-        end = threading.Event()
-        self._ends.append(end)
-
         def read() -> None:
             try:
                 for ev in request_iterator:
@@ -52,20 +54,22 @@ class _Daemon(rpc.EngineServicer):
                 pass
 
         threading.Thread(target=read, daemon=True).start()
-        end.wait()
+        # Bounded, so that a test that fails before `end()` cannot leave the server's worker
+        # (which the interpreter joins at exit) waiting for ever.
+        self._ended.wait(timeout=60)
         return
-        yield  # a generator: the stream ends when `end` is set
+        yield  # a generator: the stream ends when `end()` is called
 
     def end(self) -> None:
-        for e in self._ends:
-            e.set()
+        self._ended.set()
 
 
 def _serve(sock: str, name: str) -> tuple[_Daemon, grpc.Server]:
     if os.path.exists(sock):
         os.unlink(sock)
     d = _Daemon(name)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    d.pool = futures.ThreadPoolExecutor(max_workers=8)
+    server = grpc.server(d.pool)
     rpc.add_EngineServicer_to_server(d, server)
     server.add_insecure_port(f"unix:{sock}")
     server.start()
@@ -112,7 +116,7 @@ def test_an_engine_registers_again_after_its_daemon_restarts_and_republishes(tmp
         s1.stop(0)
     else:
         s1.stop(0)
-        # The stopped server's handler thread still waits on its `end`; release it, or its
+        # The stopped server's handler thread still waits for `end()`; release it, or its
         # executor's worker is joined at interpreter exit and pytest never exits.
         d1.end()
     time.sleep(0.3)  # a moment with no daemon at all: attempts fail and back off
@@ -167,3 +171,27 @@ def test_the_backoff_doubles_to_its_cap():
         ReconnectPolicy(initial_s=0.0)
     with pytest.raises(ValueError):
         ReconnectPolicy(initial_s=1.0, max_s=0.5)
+
+
+def test_a_stream_the_daemon_ended_leaves_no_thread_behind(tmp_path):
+    # Without close(): the daemon ends the stream and the client, told never to reconnect,
+    # detaches. gRPC's thread draining the stream's request iterator must end with it (it
+    # used to wait on the event queue for ever, and the interpreter's exit with it).
+    sock = str(tmp_path / "engine.sock")
+    d, s = _serve(sock, "gone")
+    before = set(threading.enumerate())  # the threads themselves: idents are reused
+    c = EngineClient(sock, timeout_s=5, reconnect=NEVER_RECONNECT)
+    c.attach(_register(c))
+    d.end()
+    assert c.detached.wait(5)
+    s.stop(0).wait(5)
+    assert d.pool is not None
+    d.pool.shutdown(wait=True)  # the server's own threads: what is left is the client's
+    t = time.time()
+    while time.time() - t < 10:
+        left = [th.name for th in threading.enumerate() if th not in before]
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"threads left by an ended stream: {left}"
+    c.close()

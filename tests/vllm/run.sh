@@ -38,8 +38,14 @@ cp "$target/kvferry" "$target/kvferry-nixl-engine" "$work/bin/"
 
 echo "== python: ruff + pytest" >&2
 (cd python && "$venv/bin/ruff" check . ../tests/vllm && "$venv/bin/ruff" format --check . ../tests/vllm)
-KVFERRY_BIN_DIR="$work/bin" "$py" -m pytest -q python/tests
+# Bounded, with faulthandler: a hang (in a test, or at the interpreter's exit after the
+# summary: a CI run once timed out that way) dies with every thread's Python stack printed
+# (SIGABRT), in minutes rather than at CI's limit. faulthandler_timeout (pyproject) does the
+# same for one test that runs too long.
+KVFERRY_BIN_DIR="$work/bin" timeout -k 10 -s ABRT "${KVFERRY_PYTEST_TIMEOUT_S:-600}" \
+    "$py" -X faulthandler -m pytest -q -p no:cacheprovider python/tests
 
 echo "== two regions, real vLLM" >&2
-"$py" tests/vllm/two_region.py --bin-dir "$work/bin" --work "$work" --json "$work/two_region.json"
+timeout -k 10 -s ABRT "${KVFERRY_TWO_REGION_TIMEOUT_S:-1800}" \
+    "$py" -X faulthandler tests/vllm/two_region.py --bin-dir "$work/bin" --work "$work" --json "$work/two_region.json"
 echo "tests/vllm/run.sh: ok (details in $work)" >&2

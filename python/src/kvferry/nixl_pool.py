@@ -97,6 +97,8 @@ class NixlPool:
 
     def descriptor(self) -> dict[str, Any]:
         """kvferry_pool_nixl::NixlPoolDescriptor as a dict."""
+        if self._agent is None:
+            raise RuntimeError(f"NIXL pool {self.agent_name!r} is closed")
         return {
             "agent_name": self.agent_name,
             "agent_metadata": self._agent.get_agent_metadata().hex(),
@@ -119,3 +121,6 @@ class NixlPool:
         reg, self._reg = self._reg, None
         if reg is not None:
             self._agent.deregister_memory(reg)
+        # The agent (its UCX worker and threads) goes now, not in the interpreter's
+        # finalization, where a teardown that waits on anything can hang the process's exit.
+        self._agent = None

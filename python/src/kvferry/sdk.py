@@ -262,8 +262,10 @@ class EngineClient:
             lease_now, renewed = lease, False
             try:
                 while True:
+                    events: queue.Queue[pb.EngineEvent | None] | None = None
                     try:
                         stream = open_stream(lease_now)
+                        events = self._events
                         self.attached.set()
                         if renewed and on_reattach is not None:
                             # The new stream's queue is in place: what this publishes rides it.
@@ -274,9 +276,15 @@ class EngineClient:
                         serve(stream)
                         why = "the daemon closed the Attach stream"
                     except grpc.RpcError as e:
+                        why = f"Attach stream ended: {e.code()} {e.details()}"
                         if e.code() == grpc.StatusCode.CANCELLED and self._closing.is_set():
                             return
-                        why = f"Attach stream ended: {e.code()} {e.details()}"
+                    finally:
+                        # However the stream ended, its request iterator ends with it: gRPC's
+                        # thread that drains it would otherwise wait on the queue for ever, and
+                        # be left to the interpreter's finalization.
+                        if events is not None:
+                            events.put(None)
                     if self._closing.is_set():
                         return
                     log.warning("kvferry: %s", why)
