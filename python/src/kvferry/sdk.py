@@ -219,11 +219,13 @@ class EngineClient:
         self.attached.clear()
         self.detached.clear()
 
-        def open_stream(lease: Lease) -> Iterator[pb.DaemonCommand]:
+        def open_stream(
+            lease: Lease,
+        ) -> tuple[Iterator[pb.DaemonCommand], queue.Queue[pb.EngineEvent | None]]:
+            """The new stream and its event queue (the previous stream's queue was ended when
+            that stream ended)."""
             events: queue.Queue[pb.EngineEvent | None] = queue.Queue()
-            old, self._events = self._events, events
-            if old is not None:
-                old.put(None)  # ends the previous stream's request iterator
+            self._events = events
             events.put(pb.EngineEvent(lease_id=lease.lease_id))
 
             def outgoing() -> Iterator[pb.EngineEvent]:
@@ -233,7 +235,7 @@ class EngineClient:
                         return
                     yield ev
 
-            return self._stub.Attach(outgoing())
+            return self._stub.Attach(outgoing()), events
 
         def serve(stream: Iterator[pb.DaemonCommand]) -> None:
             for cmd in stream:
@@ -264,8 +266,7 @@ class EngineClient:
                 while True:
                     events: queue.Queue[pb.EngineEvent | None] | None = None
                     try:
-                        stream = open_stream(lease_now)
-                        events = self._events
+                        stream, events = open_stream(lease_now)
                         self.attached.set()
                         if renewed and on_reattach is not None:
                             # The new stream's queue is in place: what this publishes rides it.
