@@ -14,8 +14,7 @@
 //!
 //! In both, the hedge's legs ran at once, so neither calibrates the pure actions: B's
 //! `GetLinks` shows no fetch sample for the link to A and no recompute sample for its engine;
-//! the race calibrated the winning leg's hedge interference of engine-b instead (one sample of
-//! that leg, none of the other: a race measures only its winner).
+//! the race calibrated engine-b's hedge interference instead (one hedge sample).
 //!
 //! - Priced with the largest interference (each leg at a fifth of its speed while the other
 //!   runs), no race can beat the better pure action: the same bands do not hedge, and the
@@ -47,8 +46,6 @@ struct Learnt {
     recompute: u32,
     hedge_interference: f64,
     hedge_samples: u32,
-    /// Races each leg won and was measured in: (fetch leg, recompute leg).
-    leg_samples: (u32, u32),
 }
 
 async fn learnt_in_b(cl: &Cluster) -> Learnt {
@@ -60,19 +57,16 @@ async fn learnt_in_b(cl: &Cluster) -> Learnt {
         recompute: e.calibration_samples,
         hedge_interference: e.hedge_interference,
         hedge_samples: e.hedge_samples,
-        leg_samples: (e.hedge_fetch_samples, e.hedge_recompute_samples),
     }
 }
 
-/// After one race `winner` won: neither pure action calibrated (the legs ran at once), one
-/// sample of the winning leg's hedge interference instead, none of the other leg's.
-async fn assert_the_race_calibrated_only_the_interference(cl: &Cluster, winner: Action) {
+/// After one race: neither pure action calibrated (the legs ran at once), one sample of the
+/// hedge interference instead.
+async fn assert_the_race_calibrated_only_the_interference(cl: &Cluster) {
     let l = learnt_in_b(cl).await;
     assert_eq!((l.fetch, l.recompute), (0, 0), "a hedge's winner calibrated a pure action");
     let (i, n) = (l.hedge_interference, l.hedge_samples);
     assert!(n == 1 && (0.0..=4.0).contains(&i), "the race calibrated the hedge interference: {i} from {n}");
-    let legs = if winner == Action::Fetch { (1, 0) } else { (0, 1) };
-    assert_eq!(l.leg_samples, legs, "only the winner's leg is measured by a race");
 }
 
 /// The next turn in region B, warm and from scratch, must agree bit for bit.
@@ -110,7 +104,7 @@ async fn a_slow_fetch_loses_the_hedge_and_leaves_nothing_visible() {
     assert_eq!(landing(&cl, "used").await, 0.0, "the cancelled fetch left blocks in the landing zone");
     let m = cl.metrics(1).await;
     assert_eq!(metric(&m, "kvferry_hedges_total{winner=\"recompute\"}"), 1.0);
-    assert_the_race_calibrated_only_the_interference(&cl, Action::Recompute).await;
+    assert_the_race_calibrated_only_the_interference(&cl).await;
     warm_equals_cold(&cl, &convo).await;
 }
 
@@ -138,7 +132,7 @@ async fn a_fast_fetch_wins_the_hedge_and_the_recompute_is_accounted() {
         assert!(t.elapsed() < Duration::from_secs(10), "the engine never acknowledged the cancel");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_the_race_calibrated_only_the_interference(&cl, Action::Fetch).await;
+    assert_the_race_calibrated_only_the_interference(&cl).await;
     warm_equals_cold(&cl, &convo).await;
 }
 

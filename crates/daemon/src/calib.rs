@@ -9,10 +9,8 @@
 //! profile it reported and is rebased whenever the engine reports a new one. An engine's split
 //! interference (how much a split's legs slow each other on this host) starts at
 //! `[policy] split_interference` and follows the executed splits; its hedge interference (the
-//! same two actions racing), one per leg ([`HedgeLeg`]: how much the race slows the fetch's
-//! per-byte part, and how much it slows the recompute), starts at `[policy]
-//! hedge_interference`, follows the split's once that is measured, and each leg's own executed
-//! races once that leg has won any (a race measures only its winner).
+//! same two actions racing) starts at `[policy] hedge_interference`, follows the split's once
+//! that is measured, and the executed hedges' own once there are any.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -34,22 +32,13 @@ struct EngineCal {
     cal: RecomputeCalibration,
 }
 
-/// A leg of a hedge, as its interference is learnt: each race measures its winner only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HedgeLeg {
-    /// The fetch's per-byte part (its fixed round trips are not slowed).
-    Fetch,
-    /// The recompute.
-    Recompute,
-}
-
 /// Every peer's and engine's calibration.
 #[derive(Default)]
 pub struct Calibrations {
     fetch: Mutex<HashMap<String, FetchCalibration>>,
     recompute: Mutex<HashMap<String, EngineCal>>,
     split: Mutex<HashMap<String, InterferenceCalibration>>,
-    hedge: Mutex<HashMap<(String, HedgeLeg), InterferenceCalibration>>,
+    hedge: Mutex<HashMap<String, InterferenceCalibration>>,
 }
 
 impl std::fmt::Debug for Calibrations {
@@ -142,21 +131,20 @@ impl Calibrations {
 
     /// Folds in one executed split of `engine_id`, planned with interference `used`.
     pub fn observe_split(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
-        let key = engine_id.to_owned();
-        observe_interference(&self.split, "split", key, engine_id, prior, used, predicted_s, measured_s);
+        observe_interference(&self.split, "split", engine_id, prior, used, predicted_s, measured_s);
     }
 
-    /// The interference to price `leg` of `engine_id`'s next hedge with: learnt from the races
-    /// that leg won; before the first, from the engine's executed splits (the same two actions
-    /// running at once on the same host); `prior` until either.
-    pub fn hedge_interference(&self, engine_id: &str, leg: HedgeLeg, prior: f64) -> f64 {
-        self.hedge_state(engine_id, leg, prior).0
+    /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
+    /// before the first, from its executed splits (the same two actions running at once on the
+    /// same host); `prior` until either.
+    pub fn hedge_interference(&self, engine_id: &str, prior: f64) -> f64 {
+        self.hedge_state(engine_id, prior).0
     }
 
-    /// `leg`'s hedge interference for `engine_id` and the races it was measured from (0 while
-    /// it is the prior or borrowed from the splits).
-    pub fn hedge_state(&self, engine_id: &str, leg: HedgeLeg, prior: f64) -> (f64, u64) {
-        if let Some(c) = self.hedge.locked().get(&(engine_id.to_owned(), leg)) {
+    /// `engine_id`'s hedge interference and the hedges it was measured from (0 while it is the
+    /// prior or borrowed from the splits).
+    pub fn hedge_state(&self, engine_id: &str, prior: f64) -> (f64, u64) {
+        if let Some(c) = self.hedge.locked().get(engine_id) {
             return (c.estimate(), c.samples());
         }
         match self.split.locked().get(engine_id) {
@@ -165,13 +153,12 @@ impl Calibrations {
         }
     }
 
-    /// Folds in one clean race of `engine_id` that `leg` won: the slowed part of the winner
-    /// took `measured_s` where it takes `alone_s` alone (the fetch's per-byte part, without
-    /// its fixed round trips; the whole recompute). One sample of `1 + i` for that leg.
-    pub fn observe_hedge(&self, engine_id: &str, leg: HedgeLeg, prior: f64, alone_s: f64, measured_s: f64) {
-        // Priced as if alone (interference 0), so the sample is measured ÷ alone.
-        let key = (engine_id.to_owned(), leg);
-        observe_interference(&self.hedge, "hedge", key, engine_id, prior, 0.0, alone_s, measured_s);
+    /// Folds in one executed hedge of `engine_id` whose winner finished `measured_s` after
+    /// both legs started, against the race's expected `predicted_s` priced with interference
+    /// `used` on both legs. Scaling both legs by `1 + i` scales the expected minimum by exactly
+    /// `1 + i`, so the split's estimator ([`InterferenceCalibration`]) applies unchanged.
+    pub fn observe_hedge(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
+        observe_interference(&self.hedge, "hedge", engine_id, prior, used, predicted_s, measured_s);
     }
 
     /// `region`'s calibrated fetch figures at RTT `rtt_s`, once it has any state.
@@ -189,31 +176,9 @@ impl Calibrations {
     }
 }
 
-/// What a clean race that `leg` won says of that leg's interference: the slowed part's time
-/// alone and as measured, for [`Calibrations::observe_hedge`]. `winner_s` is the race's time,
-/// `alone_s` the leg's calibrated mean alone, `fetch_fixed_s` the fetch's fixed part (round
-/// trips, not slowed). `None` for a fetch that is mostly round trips (its per-byte part under
-/// a quarter of it): too little of it could be slowed to measure by how much.
-pub fn race_sample(leg: HedgeLeg, winner_s: f64, alone_s: f64, fetch_fixed_s: f64) -> Option<(f64, f64)> {
-    if !(winner_s.is_finite() && alone_s.is_finite() && alone_s > 0.0 && winner_s > 0.0) {
-        return None;
-    }
-    match leg {
-        HedgeLeg::Recompute => Some((alone_s, winner_s)),
-        HedgeLeg::Fetch => {
-            let fixed = fetch_fixed_s.clamp(0.0, alone_s);
-            let per_byte = alone_s - fixed;
-            // Round trips faster than their estimate: no slowdown seen (not a negative one).
-            (per_byte >= 0.25 * alone_s).then(|| (per_byte, (winner_s - fixed).max(per_byte * 1e-3)))
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn observe_interference<K: Eq + std::hash::Hash>(
-    map: &Mutex<HashMap<K, InterferenceCalibration>>,
+fn observe_interference(
+    map: &Mutex<HashMap<String, InterferenceCalibration>>,
     what: &str,
-    key: K,
     engine_id: &str,
     prior: f64,
     used: f64,
@@ -221,10 +186,10 @@ fn observe_interference<K: Eq + std::hash::Hash>(
     measured_s: f64,
 ) {
     let mut all = map.locked();
-    let cal = match all.entry(key) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(v) => match InterferenceCalibration::new(prior) {
-            Ok(c) => v.insert(c),
+    let cal = match all.get_mut(engine_id) {
+        Some(c) => c,
+        None => match InterferenceCalibration::new(prior) {
+            Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
             Err(e) => return log_refused(what, engine_id, Err(e)),
         },
     };
@@ -295,59 +260,25 @@ mod tests {
     }
 
     #[test]
-    fn hedge_interference_is_the_prior_then_the_splits_then_each_legs_own_races() {
-        use HedgeLeg::{Fetch, Recompute};
+    fn hedge_interference_is_the_prior_then_the_splits_then_its_own_hedges() {
         let c = Calibrations::default();
-        assert_eq!(c.hedge_state("e", Fetch, 0.1), (0.1, 0));
-        assert_eq!(c.hedge_state("e", Recompute, 0.1), (0.1, 0));
-        // A split measured 1.5× slowdown: both legs borrow it before any race ran.
+        assert_eq!(c.hedge_state("e", 0.1), (0.1, 0));
+        // A split measured 1.5× slowdown: hedges borrow it before any hedge ran.
         c.observe_split("e", 0.0, 0.0, 1.0, 1.5);
-        for leg in [Fetch, Recompute] {
-            assert!((c.hedge_interference("e", leg, 0.1) - 0.5).abs() < 1e-12);
-            assert_eq!(c.hedge_state("e", leg, 0.1).1, 0, "borrowed, not measured");
-        }
-        assert_eq!(c.hedge_interference("other", Fetch, 0.1), 0.1, "per engine");
-        // A race the fetch won: its per-byte part took 0.5 s where it takes 0.2 s alone.
-        c.observe_hedge("e", Fetch, 0.1, 0.2, 0.5);
-        assert!((c.hedge_interference("e", Fetch, 0.1) - 1.5).abs() < 1e-12);
-        assert_eq!(c.hedge_state("e", Fetch, 0.1).1, 1);
-        // The recompute leg did not race to the end: it still borrows the split's.
-        assert_eq!(c.hedge_state("e", Recompute, 0.1), (0.5, 0));
-        // The split's own estimate is untouched by races.
+        assert!((c.hedge_interference("e", 0.1) - 0.5).abs() < 1e-12);
+        assert_eq!(c.hedge_state("e", 0.1).1, 0, "borrowed, not measured");
+        assert_eq!(c.hedge_interference("other", 0.1), 0.1, "per engine");
+        // A hedge priced with 0.5 whose winner took 2/1.5 of the expected race: 1 + i = 2.
+        c.observe_hedge("e", 0.1, 0.5, 1.5, 2.0);
+        assert!((c.hedge_interference("e", 0.1) - 1.0).abs() < 1e-12);
+        assert_eq!(c.hedge_state("e", 0.1).1, 1);
+        // The split's own estimate is untouched by hedges.
         assert!((c.split_interference("e", 0.0) - 0.5).abs() < 1e-12);
-        // A recompute that won faster than alone says "none", never a negative slowdown.
+        // A hedge faster than priced says "none", never a negative slowdown.
         for _ in 0..3 {
-            c.observe_hedge("e", Recompute, 0.1, 2.0, 1.5);
+            c.observe_hedge("e", 0.1, 1.0, 2.0, 0.5);
         }
-        assert_eq!(c.hedge_state("e", Recompute, 0.1), (0.0, 3));
-        // A winner whose slowed part measured nothing at all is refused, not a zero slowdown.
-        c.observe_hedge("e", Fetch, 0.1, 0.2, 0.0);
-        assert_eq!(c.hedge_state("e", Fetch, 0.1).1, 1);
-    }
-
-    #[test]
-    fn a_race_samples_the_slowed_part_of_its_winner() {
-        use HedgeLeg::{Fetch, Recompute};
-        // The recompute: its whole time.
-        assert_eq!(race_sample(Recompute, 1.5, 1.0, 0.3), Some((1.0, 1.5)));
-        // A 0.55 s fetch, 0.30 s of it round trips, won in 0.977 s: the per-byte part took
-        // 0.677 s where it takes 0.25 s alone.
-        let (alone, measured) = race_sample(Fetch, 0.977, 0.55, 0.30).unwrap();
-        assert!((alone - 0.25).abs() < 1e-12 && (measured - 0.677).abs() < 1e-12);
-        // Mostly round trips: nothing to learn. No fixed part known: the whole fetch.
-        assert_eq!(race_sample(Fetch, 0.3, 0.27, 0.25), None);
-        assert_eq!(race_sample(Fetch, 0.6, 0.5, 0.0), Some((0.5, 0.6)));
-        // Faster than its round trips: no slowdown (the calibration clamps it to none).
-        let (alone, measured) = race_sample(Fetch, 0.2, 0.5, 0.3).unwrap();
-        assert!(measured < alone);
-        let c = Calibrations::default();
-        c.observe_hedge("e", Fetch, 0.7, alone, measured);
-        assert_eq!(c.hedge_state("e", Fetch, 0.7), (0.0, 1));
-        // A fixed part beyond the mean is the whole fetch; nonsense gives nothing.
-        assert_eq!(race_sample(Fetch, 0.6, 0.5, 9.0), None);
-        for (w, a) in [(f64::NAN, 1.0), (1.0, 0.0), (0.0, 1.0), (1.0, f64::INFINITY)] {
-            assert_eq!(race_sample(Recompute, w, a, 0.0), None);
-        }
+        assert_eq!(c.hedge_interference("e", 0.1), 0.0);
     }
 
     #[test]

@@ -26,7 +26,6 @@ use tonic::Status;
 
 use crate::Shared;
 use crate::blockbuf::BlockShape;
-use crate::calib::{HedgeLeg, race_sample};
 use crate::catalog::{LandingSink, landed_blocks};
 use crate::error::{DaemonError, Origin};
 use crate::inflight::{self, Entered, FlightKey, Outcome};
@@ -189,20 +188,21 @@ async fn hedge(
     };
     let loser_s = started.elapsed().as_secs_f64();
     let m = &shared.metrics;
-    // A clean race (the first to finish succeeded) is one sample of its winner's hedge
-    // interference: the slowed part of the winning leg against its calibrated time alone
-    // (`calib::race_sample`). A race whose first leg failed is not one.
-    let won = match &first {
-        First::Fetch(Ok(_)) => plan.fetch_prediction.map(|f| (HedgeLeg::Fetch, f.seconds)),
-        First::Recompute(Ok(_)) => plan.recompute_prediction.map(|r| (HedgeLeg::Recompute, r.seconds)),
-        _ => None,
-    };
-    if shared.config.policy.calibrate
-        && let Some((leg, alone_s)) = won
-        && let Some((alone_s, measured_s)) = race_sample(leg, loser_s, alone_s, plan.hedge_fetch_fixed_s)
+    // A clean race (the first to finish succeeded) is one sample of this engine's hedge
+    // interference: the winner's time against the race's expected minimum, which was priced
+    // with the interference then in force. A race whose first leg failed is not one.
+    let clean = matches!(first, First::Fetch(Ok(_)) | First::Recompute(Ok(_)));
+    if clean
+        && shared.config.policy.calibrate
+        && let Some(h) = plan.hedge.filter(|h| h.expected_s > 0.0)
     {
-        let prior = shared.config.policy.hedge_interference;
-        shared.calib.observe_hedge(&p.engine.engine_id, leg, prior, alone_s, measured_s);
+        shared.calib.observe_hedge(
+            &p.engine.engine_id,
+            shared.config.policy.hedge_interference,
+            p.hedge_policy.fetch_interference,
+            h.expected_s,
+            loser_s,
+        );
     }
     match first {
         First::Fetch(Ok(r)) => {

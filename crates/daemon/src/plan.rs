@@ -106,9 +106,6 @@ pub struct Planned {
     /// ([`kvferry_model::plan_hedge`]); the fetch leg takes blocks `[0, hedge_fetch_end)`.
     pub hedge: Option<HedgeDecision>,
     pub hedge_fetch_end: usize,
-    /// The fetch's fixed seconds (round trips) the hedge was priced with: the part of the
-    /// fetch leg a concurrent recompute does not slow.
-    pub hedge_fetch_fixed_s: f64,
 }
 
 /// Parses `grpc-timeout` (`<digits><unit>`, unit one of H M S m u n).
@@ -126,23 +123,18 @@ pub fn grpc_timeout(v: &str) -> Option<Duration> {
     })
 }
 
-/// What a hedge may do for request `r` on engine `engine_id`. Each leg is priced with the
-/// engine's hedge interference for it ([`crate::calib::Calibrations::hedge_interference`]): on
-/// a host where the CPU prefill and the transfer share cores, a race of the two is slower than
-/// the faster of them alone, and an unpriced hedge loses to the better pure action. The
-/// fetch's fixed part, which the interference does not slow, is set by [`decide`] from the
-/// link's calibration.
+/// What a hedge may do for request `r` on engine `engine_id`. Both legs are priced with the
+/// engine's hedge interference ([`crate::calib::Calibrations::hedge_interference`]): on a host
+/// where the CPU prefill and the transfer share cores, a race of the two is slower than the
+/// faster of them alone, and an unpriced hedge loses to the better pure action.
 fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest, engine_id: &str) -> HedgePolicy {
-    use crate::calib::HedgeLeg;
     use crate::config::HedgeMode;
     let c = &shared.config.policy;
     let asked = r.policy.is_some_and(|p| p.allow_hedge);
-    let interference = |leg| {
-        if c.calibrate {
-            shared.calib.hedge_interference(engine_id, leg, c.hedge_interference)
-        } else {
-            c.hedge_interference
-        }
+    let interference = if c.calibrate {
+        shared.calib.hedge_interference(engine_id, c.hedge_interference)
+    } else {
+        c.hedge_interference
     };
     HedgePolicy {
         allow: c.calibrate
@@ -152,9 +144,8 @@ fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest, engine_id: &str) 
                 HedgeMode::Always => true,
             },
         band_z: c.hedge_band_z,
-        fetch_interference: interference(HedgeLeg::Fetch),
-        fetch_fixed_s: 0.0,
-        recompute_interference: interference(HedgeLeg::Recompute),
+        fetch_interference: interference,
+        recompute_interference: interference,
         min_gain: c.hedge_min_gain,
         max_wasted_compute_s: (c.hedge_max_wasted_compute_ms > 0.0)
             .then(|| c.hedge_max_wasted_compute_ms / 1000.0),
@@ -580,13 +571,6 @@ fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Predictio
     (fetch, recompute)
 }
 
-/// The calibrated fixed cost of a fetch from the source at the live RTT (its round trips), 0
-/// without a calibration.
-fn fetch_fixed_s(p: &Prepared) -> f64 {
-    let (Some(cal), Some(fig)) = (p.fetch_cal.as_ref(), p.figures) else { return 0.0 };
-    cal.estimate(fig.rtt_s).map_or(0.0, |e| if e.fixed_s.is_finite() { e.fixed_s.max(0.0) } else { 0.0 })
-}
-
 /// The source's fetch-path utilization from its answer to the query (0 without one).
 fn source_utilization(p: &Prepared) -> f64 {
     p.source_load.as_ref().map_or(0.0, |l| fetch_utilization(l.staging_used, l.staging_bound))
@@ -610,13 +594,12 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
         .map_err(|e| DaemonError::from_plan(&e, reason))?;
     let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
-    let hedge_policy = HedgePolicy { fetch_fixed_s: fetch_fixed_s(p), ..p.hedge_policy };
     let weighed = kvferry_model::consider_hedge(
         &plan,
         &holdings,
         fetch_prediction.as_ref(),
         recompute_prediction.as_ref(),
-        &hedge_policy,
+        &p.hedge_policy,
     );
     let hedge = weighed.filter(|h| h.choice == kvferry_model::HedgeChoice::Hedge);
     // A hedge weighed and declined says why (the hedged reason is added by `to_proto`).
@@ -626,7 +609,6 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         recompute_prediction,
         hedge,
         hedge_fetch_end: holdings.source_blocks as usize,
-        hedge_fetch_fixed_s: hedge_policy.fetch_fixed_s,
         action: plan.action,
         reason: reason(&plan.reason) + not_hedged.as_deref().unwrap_or(""),
         model: plan.model,
@@ -750,10 +732,8 @@ pub fn engine_calibration(
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
     (split_interference, split_samples): (f64, u64),
-    (fetch_leg, fetch_samples): (f64, u64),
-    (recompute_leg, recompute_samples): (f64, u64),
+    (hedge_interference, hedge_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
-    let count = |n: u64| n.min(u64::from(u32::MAX)) as u32;
     kvferry_proto::v1::EngineCalibration {
         engine_id: engine_id.to_owned(),
         linear_s_per_token: e.linear_s_per_token,
@@ -766,12 +746,8 @@ pub fn engine_calibration(
         load_factor: e.load_factor,
         split_interference,
         split_samples: split_samples.min(u64::from(u32::MAX)) as u32,
-        hedge_interference: fetch_leg.max(recompute_leg),
-        hedge_samples: count(fetch_samples.saturating_add(recompute_samples)),
-        hedge_fetch_interference: fetch_leg,
-        hedge_fetch_samples: count(fetch_samples),
-        hedge_recompute_interference: recompute_leg,
-        hedge_recompute_samples: count(recompute_samples),
+        hedge_interference,
+        hedge_samples: hedge_samples.min(u64::from(u32::MAX)) as u32,
     }
 }
 

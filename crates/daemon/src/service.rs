@@ -18,7 +18,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::Shared;
-use crate::calib::HedgeLeg;
 use crate::error::DaemonError;
 use crate::plan::{
     decide, engine_calibration, grpc_timeout, link_state, prepare, to_proto, with_calibration,
@@ -211,9 +210,8 @@ impl Migration for MigrationService {
             .map(|(id, reported, e)| {
                 let policy = &self.shared.config.policy;
                 let split = self.shared.calib.split_state(id, policy.split_interference);
-                let leg = |leg| self.shared.calib.hedge_state(id, leg, policy.hedge_interference);
-                let (fetch, recompute) = (leg(HedgeLeg::Fetch), leg(HedgeLeg::Recompute));
-                engine_calibration(id, *reported, e, split, fetch, recompute)
+                let hedge = self.shared.calib.hedge_state(id, policy.hedge_interference);
+                engine_calibration(id, *reported, e, split, hedge)
             })
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))

@@ -322,15 +322,11 @@ fn a_host_that_changes_is_followed() {
 #[test]
 fn the_hedge_matches_a_simulation() {
     let mut rng = Rng(1234);
-    // (fetch mean, sd, recompute mean, sd, fetch and recompute interference, the fetch's
-    // unslowed fixed seconds)
-    for (mf, sf, mr, sr, ifet, irec, fixed) in [
-        (1.0, 0.2, 1.1, 0.3, 0.0, 0.0, 0.0),
-        (0.10, 0.05, 0.12, 0.01, 0.2, 0.5, 0.0),
-        (2.0, 1.0, 1.0, 0.1, 0.0, 0.0, 0.0),
-        (0.5, 0.0, 0.6, 0.2, 0.1, 0.1, 0.0),
-        (0.8, 0.2, 1.2, 0.3, 1.0, 0.2, 0.45),
-        (0.3, 0.03, 0.4, 0.1, 2.0, 0.0, 5.0),
+    for (mf, sf, mr, sr, ifet, irec) in [
+        (1.0, 0.2, 1.1, 0.3, 0.0, 0.0),
+        (0.10, 0.05, 0.12, 0.01, 0.2, 0.5),
+        (2.0, 1.0, 1.0, 0.1, 0.0, 0.0),
+        (0.5, 0.0, 0.6, 0.2, 0.1, 0.1),
     ] {
         let f = Prediction { seconds: mf, std_error_s: sf, noise_s: 0.0, samples: 1 };
         let r = Prediction { seconds: mr, std_error_s: 0.0, noise_s: sr, samples: 1 };
@@ -338,18 +334,15 @@ fn the_hedge_matches_a_simulation() {
             allow: true,
             band_z: 10.0,
             fetch_interference: ifet,
-            fetch_fixed_s: fixed,
             recompute_interference: irec,
             min_gain: 0.0,
             max_wasted_compute_s: None,
         };
-        // The fixed part (at most the mean) is not slowed; the rest, and the spread, are.
-        let phi = f64::min(fixed, mf);
         let d = hedge(&f, &r, &policy).unwrap();
         let (mut sum_min, mut sum_wasted, mut fetch_wins) = (0.0, 0.0, 0u32);
         let draws = 200_000;
         for _ in 0..draws {
-            let x = phi + (1.0 + ifet) * (mf + sf * rng.normal() - phi);
+            let x = (1.0 + ifet) * (mf + sf * rng.normal());
             let y = (1.0 + irec) * (mr + sr * rng.normal());
             sum_min += x.min(y);
             if x < y {
@@ -410,20 +403,11 @@ fn arb_prediction() -> impl Strategy<Value = Prediction> {
 }
 
 fn arb_policy() -> impl Strategy<Value = HedgePolicy> {
-    (
-        any::<bool>(),
-        0.0..4.0f64,
-        0.0..2.0f64,
-        0.0..2.0f64,
-        0.0..0.5f64,
-        prop::option::of(0.0..50.0f64),
-        prop_oneof![Just(0.0), 0.0..100.0f64],
-    )
-        .prop_map(|(allow, band_z, fi, ri, min_gain, cap, fixed)| HedgePolicy {
+    (any::<bool>(), 0.0..4.0f64, 0.0..2.0f64, 0.0..2.0f64, 0.0..0.5f64, prop::option::of(0.0..50.0f64))
+        .prop_map(|(allow, band_z, fi, ri, min_gain, cap)| HedgePolicy {
             allow,
             band_z,
             fetch_interference: fi,
-            fetch_fixed_s: fixed,
             recompute_interference: ri,
             min_gain,
             max_wasted_compute_s: cap,
@@ -510,26 +494,6 @@ proptest! {
         if policy.fetch_interference == 0.0 && policy.recompute_interference == 0.0 {
             prop_assert!(d.hedge_s <= best * (1.0 + 1e-12));
         }
-    }
-
-    /// Against an exact fetch time (a spread would widen with the slowdown and lower the
-    /// expected minimum), a race is priced slower the more the fetch is slowed, and faster the
-    /// more of the fetch is fixed (round trips the interference does not lengthen); with no
-    /// interference the fixed part changes nothing.
-    #[test]
-    fn a_race_is_monotone_in_the_fetch_interference_and_its_fixed_part(
-        fetch_s in 0.0..100.0f64, r in arb_prediction(), policy in arb_policy(),
-        more in 0.0..2.0f64, fixed2 in 0.0..100.0f64,
-    ) {
-        let f = Prediction::exact(fetch_s);
-        let d = hedge(&f, &r, &policy).unwrap();
-        let slower = HedgePolicy { fetch_interference: policy.fetch_interference + more, ..policy };
-        prop_assert!(hedge(&f, &r, &slower).unwrap().hedge_s >= d.hedge_s * (1.0 - 1e-9) - 1e-12);
-        let fixed = HedgePolicy { fetch_fixed_s: policy.fetch_fixed_s.max(fixed2), ..policy };
-        prop_assert!(hedge(&f, &r, &fixed).unwrap().hedge_s <= d.hedge_s * (1.0 + 1e-9) + 1e-12);
-        let unslowed = HedgePolicy { fetch_interference: 0.0, ..policy };
-        let h = |fixed_s| hedge(&f, &r, &HedgePolicy { fetch_fixed_s: fixed_s, ..unslowed }).unwrap().hedge_s;
-        prop_assert!((h(0.0) - h(fixed2)).abs() <= 1e-12 * h(0.0).max(1.0));
     }
 
     /// Arbitrary floats as samples: a typed refusal or an accepted sample, never a panic, and

@@ -4,12 +4,7 @@
 //! Under the model each action's time is Gaussian, `F ~ N(μf, σf²)`, `R ~ N(μr, σr²)`,
 //! independent, with `σ` a [`Prediction`]'s [`sd_s`](Prediction::sd_s). Running both slows each
 //! by its interference factor when they share a resource (this host's CPU prefill and QUIC on
-//! the same cores). A fetch's fixed part `φ` (handshake, query, request: round trips, which a
-//! busy CPU does not lengthen) is not slowed; the rest (moving and checking bytes, CPU-bound
-//! on such a host) is: `X = φ + (1 + ι_f)·(F − φ)` with `φ = min(fetch_fixed_s, μf)`, `Y = (1 +
-//! ι_r)·R`; `X`'s sd is `(1 + ι_f)·σf` (the spread is the per-byte part's). A race of short fetches, all round
-//! trips, says nothing of how a long one is slowed; a long CPU prefill beside a long fetch
-//! slows it as much as the bytes are CPU-bound. A hedge finishes at `min(X, Y)`, whose
+//! the same cores): `X = (1 + ι_f)·F`, `Y = (1 + ι_r)·R`. A hedge finishes at `min(X, Y)`, whose
 //! expectation is Clark's (1961) closed form, with `θ² = Var X + Var Y`, `α = (E Y − E X)/θ`:
 //!
 //! `E[min(X, Y)] = E X · Φ(α) + E Y · Φ(−α) − θ · φ(α)`.
@@ -49,13 +44,8 @@ pub struct HedgePolicy {
     pub allow: bool,
     /// Bands are `seconds ± band_z · sd`; a hedge is considered only where they overlap.
     pub band_z: f64,
-    /// Relative slowdown of the fetch's per-byte part while the recompute runs beside it (0:
-    /// separate resources).
+    /// Relative slowdown of the fetch while the recompute runs beside it (0: separate resources).
     pub fetch_interference: f64,
-    /// Seconds of the fetch that the interference does not slow: its fixed part (round trips).
-    /// 0: the whole fetch is slowed.
-    #[serde(default)]
-    pub fetch_fixed_s: f64,
     /// Relative slowdown of the recompute while the fetch runs beside it.
     pub recompute_interference: f64,
     /// Smallest relative gain over the better pure action, in [0, 1).
@@ -71,7 +61,6 @@ impl Default for HedgePolicy {
             allow: false,
             band_z: 1.0,
             fetch_interference: 0.0,
-            fetch_fixed_s: 0.0,
             recompute_interference: 0.0,
             min_gain: 0.02,
             max_wasted_compute_s: None,
@@ -83,7 +72,6 @@ impl HedgePolicy {
     fn validate(&self) -> Result<(), ModelError> {
         non_negative("hedge.band_z", self.band_z)?;
         non_negative("hedge.fetch_interference", self.fetch_interference)?;
-        non_negative("hedge.fetch_fixed_s", self.fetch_fixed_s)?;
         non_negative("hedge.recompute_interference", self.recompute_interference)?;
         non_negative("hedge.min_gain", self.min_gain)?;
         if self.min_gain > 0.0 {
@@ -191,9 +179,8 @@ pub fn hedge(
     let (mf, sf) = (fetch.seconds, fetch.sd_s());
     let (mr, sr) = (recompute.seconds, recompute.sd_s());
     let (pure, best_pure_s) = if mf < mr { (HedgeChoice::Fetch, mf) } else { (HedgeChoice::Recompute, mr) };
-    let fixed = policy.fetch_fixed_s.min(mf);
     let race = Race::new(
-        fixed + (1.0 + policy.fetch_interference) * (mf - fixed),
+        (1.0 + policy.fetch_interference) * mf,
         (1.0 + policy.fetch_interference) * sf,
         (1.0 + policy.recompute_interference) * mr,
         (1.0 + policy.recompute_interference) * sr,
@@ -382,28 +369,6 @@ mod tests {
             let d = hedge(&pred(mf, sf), &pred(mr, sr), &slowed).unwrap();
             assert!(matches!(d.reason, HedgeReason::NoGain { .. }), "{mf} {sf} {mr} {sr}: {d:?}");
         }
-    }
-
-    #[test]
-    fn the_interference_slows_only_what_is_not_round_trips() {
-        // A 0.55 s fetch against a 0.60 s recompute, racing on a host where the prefill makes
-        // moving bytes 2.5× slower (fetch interference 1.5).
-        let (f, r) = (pred(0.55, 0.1), pred(0.60, 0.1));
-        let slowed = HedgePolicy { fetch_interference: 1.5, band_z: 1e6, ..allowed() };
-        // All of the fetch slowed (no fixed part known): 1.375 s, far behind.
-        let all = hedge(&f, &r, &slowed).unwrap();
-        // 0.30 s of it round trips: 0.30 + 2.5 × 0.25 = 0.925 s, still no gain.
-        let part = hedge(&f, &r, &HedgePolicy { fetch_fixed_s: 0.30, ..slowed }).unwrap();
-        // All of it round trips (a short fetch): nothing to slow, and the race pays.
-        let none = hedge(&f, &r, &HedgePolicy { fetch_fixed_s: 0.55, ..slowed }).unwrap();
-        assert!(matches!(all.reason, HedgeReason::NoGain { .. }), "{all:?}");
-        assert!(matches!(part.reason, HedgeReason::NoGain { .. }), "{part:?}");
-        assert_eq!(none.choice, HedgeChoice::Hedge, "{none:?}");
-        assert!(all.hedge_s > part.hedge_s && part.hedge_s > none.hedge_s);
-        // A fixed part longer than the fetch is the whole fetch, no more.
-        let over = hedge(&f, &r, &HedgePolicy { fetch_fixed_s: 9.0, ..slowed }).unwrap();
-        assert_eq!(over.hedge_s, none.hedge_s);
-        assert!(hedge(&f, &r, &HedgePolicy { fetch_fixed_s: -1.0, ..slowed }).is_err());
     }
 
     #[test]
