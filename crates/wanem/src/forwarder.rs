@@ -1,6 +1,9 @@
 //! One direction's forwarding thread: read IP packets from the ingress TUN, run them through
 //! the [`Shaper`], hold them in a delay line and write them to the egress TUN when due.
 //!
+//! A packet read whole from a TSO/USO send is cut into its wire segments first
+//! ([`crate::gso`]); each segment is one packet for the shaper and the delay line.
+//!
 //! The thread never allocates per packet in steady state: packet buffers come from a free
 //! list and go back to it after the write. It sleeps in `ppoll` (1 ns timer slack) until the
 //! next delivery or the next arriving packet, wakes `WAKE_EARLY` (100 µs) ahead of a delivery
@@ -13,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::gso::Segments;
 use crate::shaper::{Shaper, Verdict};
 use crate::sys::{self, ReadOutcome};
 
@@ -38,6 +42,7 @@ pub(crate) struct DirCounters {
     queue_drops: AtomicU64,
     reordered: AtomicU64,
     io_errors: AtomicU64,
+    segmented: AtomicU64,
 }
 
 /// A snapshot of one direction's counters.
@@ -57,8 +62,11 @@ pub struct DirectionStats {
     pub queue_drops: u64,
     /// Packets held back for reordering.
     pub reordered: u64,
-    /// Failed TUN reads or writes (should stay 0).
+    /// Failed TUN reads or writes, or packets that could not be segmented (should stay 0).
     pub io_errors: u64,
+    /// Packets read whole from a TSO/USO send and cut into segments (each segment counts in
+    /// `rx_packets`).
+    pub segmented: u64,
 }
 
 impl DirectionStats {
@@ -80,6 +88,7 @@ impl DirCounters {
             queue_drops: g(&self.queue_drops),
             reordered: g(&self.reordered),
             io_errors: g(&self.io_errors),
+            segmented: g(&self.segmented),
         }
     }
 }
@@ -134,7 +143,7 @@ impl Forwarder {
         let mut pool: Vec<Box<[u8]>> = Vec::with_capacity(1024);
         let mut held_bytes = 0usize;
         let mut seq = 0u64;
-        let mut scratch = vec![0u8; self.buf_size].into_boxed_slice();
+        let mut scratch = vec![0u8; sys::MAX_GSO_READ].into_boxed_slice();
         let c = Arc::clone(&self.counters);
         while !self.stop.load(Ordering::Relaxed) {
             // 1. Deliver what is due.
@@ -164,39 +173,59 @@ impl Forwarder {
                         bump(&c.io_errors, 1);
                     }
                     Ok(ReadOutcome::Packet(n)) => {
-                        // `n` counts the virtio header, passed through untouched; the link
-                        // carries (and is charged for) the IP packet behind it.
-                        let len = n - sys::VNET_HDR_LEN;
                         got += 1;
-                        bump(&c.rx_packets, 1);
-                        bump(&c.rx_bytes, len as u64);
+                        // A TSO/USO send arrives whole; the wire carries (and the shaper
+                        // charges) its MTU-sized segments, cut here as a NIC would.
+                        let segs = match Segments::new(&scratch[..n]) {
+                            Ok(s) => s,
+                            Err(_) => {
+                                bump(&c.io_errors, 1);
+                                continue;
+                            }
+                        };
+                        if segs.is_gso() {
+                            bump(&c.segmented, 1);
+                        }
                         let arrived = Instant::now();
-                        let verdict = if held_bytes + len > MAX_HELD_BYTES {
-                            Verdict::QueueFull
-                        } else {
-                            self.shaper.on_packet(arrived, len)
-                        };
-                        let at = match verdict {
-                            Verdict::Lost => {
-                                bump(&c.lost, 1);
+                        for i in 0..segs.count() {
+                            // `len` is the IP packet the link carries; the virtio header
+                            // in front of it travels untouched (or rewritten per segment).
+                            let len = segs.wire_len(i);
+                            bump(&c.rx_packets, 1);
+                            bump(&c.rx_bytes, len as u64);
+                            let verdict = if held_bytes + len > MAX_HELD_BYTES {
+                                Verdict::QueueFull
+                            } else {
+                                self.shaper.on_packet(arrived, len)
+                            };
+                            let at = match verdict {
+                                Verdict::Lost => {
+                                    bump(&c.lost, 1);
+                                    continue;
+                                }
+                                Verdict::QueueFull => {
+                                    bump(&c.queue_drops, 1);
+                                    continue;
+                                }
+                                Verdict::Deliver(at) | Verdict::DeliverReordered(at) => at,
+                            };
+                            let mut buf =
+                                pool.pop().unwrap_or_else(|| vec![0u8; self.buf_size].into_boxed_slice());
+                            let Some(plen) = segs.write(i, &mut buf) else {
+                                // Larger than the MTU the device was given: not a wire packet.
+                                bump(&c.io_errors, 1);
+                                pool.push(buf);
                                 continue;
+                            };
+                            held_bytes += plen;
+                            let pkt = Pkt { at, len: plen, buf };
+                            if let Verdict::DeliverReordered(_) = verdict {
+                                bump(&c.reordered, 1);
+                                seq += 1;
+                                held.push(Held(Reverse((at, seq)), pkt));
+                            } else {
+                                line.push_back(pkt);
                             }
-                            Verdict::QueueFull => {
-                                bump(&c.queue_drops, 1);
-                                continue;
-                            }
-                            Verdict::Deliver(at) | Verdict::DeliverReordered(at) => at,
-                        };
-                        let fresh = pool.pop().unwrap_or_else(|| vec![0u8; self.buf_size].into_boxed_slice());
-                        let buf = std::mem::replace(&mut scratch, fresh);
-                        held_bytes += n;
-                        let pkt = Pkt { at, len: n, buf };
-                        if let Verdict::DeliverReordered(_) = verdict {
-                            bump(&c.reordered, 1);
-                            seq += 1;
-                            held.push(Held(Reverse((at, seq)), pkt));
-                        } else {
-                            line.push_back(pkt);
                         }
                     }
                     Err(_) => {

@@ -24,6 +24,7 @@ pub mod cli;
 pub mod emulator;
 pub mod error;
 pub mod forwarder;
+pub mod gso;
 pub mod netns;
 pub mod probe;
 pub mod profile;

@@ -32,6 +32,10 @@ pub fn enter_netns(path: &Path) -> Result<()> {
 /// (`IFF_VNET_HDR`, the kernel's default header size).
 pub const VNET_HDR_LEN: usize = 10;
 
+/// The largest packet a TUN with segmentation offload hands over: 64 KiB of IP packet (the
+/// kernel's legacy GSO limit) behind its virtio header.
+pub const MAX_GSO_READ: usize = VNET_HDR_LEN + 65_536;
+
 /// Opens a TUN device named `name` (IP packets, no packet-info header) in the calling thread's
 /// network namespace. The fd is non-blocking and close-on-exec; the device disappears when
 /// the fd is closed.
@@ -41,8 +45,13 @@ pub const VNET_HDR_LEN: usize = 10;
 /// for the device to checksum says so there (`VIRTIO_NET_HDR_F_NEEDS_CSUM`). The forwarder
 /// passes that header through unchanged, so the receiving stack takes the packet as checked
 /// instead of summing every payload byte in software — which is what a NIC's transmit and
-/// receive checksum offload saves on a real path. Segmentation stays in software (no TSO/USO
-/// flags), so both ends still see one MTU-sized packet at a time, for QUIC and TCP alike.
+/// receive checksum offload saves on a real path.
+///
+/// It also takes segmentation off the sending stack as a NIC does (`TUN_F_TSO4` for TCP,
+/// `TUN_F_USO4`/`6` for UDP GSO sends such as QUIC's): a send of up to 64 KiB arrives as one
+/// packet whose virtio header gives the segment size, and the forwarder cuts it into the
+/// MTU-sized packets the wire carries ([`crate::gso`]) before shaping, for QUIC and TCP alike.
+/// Packets written to the device are single MTU-sized packets.
 pub fn open_tun(name: &str) -> Result<OwnedFd> {
     let cname = CString::new(name).map_err(|_| WanemError::Profile("NUL in device name".into()))?;
     if cname.as_bytes().len() >= libc::IFNAMSIZ {
@@ -67,9 +76,11 @@ pub fn open_tun(name: &str) -> Result<OwnedFd> {
     if rc < 0 {
         return Err(WanemError::last_os("ioctl(TUNSETIFF)"));
     }
+    // USO is only accepted for both IP versions at once.
+    let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_USO4 | libc::TUN_F_USO6;
     // SAFETY: TUNSETOFFLOAD takes its flags by value (an unsigned long); the fd is the TUN
     // device configured above.
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, libc::TUN_F_CSUM as libc::c_ulong) };
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, offloads as libc::c_ulong) };
     if rc < 0 {
         return Err(WanemError::last_os("ioctl(TUNSETOFFLOAD)"));
     }
