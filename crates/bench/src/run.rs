@@ -11,7 +11,7 @@ use kvferry_bench_report::{
 };
 use kvferry_model::LinkModel;
 use kvferry_proto::v1::{Action, PolicyMode};
-use kvferry_wanem::{Emulator, PathProfile, Side};
+use kvferry_wanem::{Emulator, EmulatorConfig, PathProfile, Side};
 
 use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
 use crate::session::{self, Allow};
@@ -59,6 +59,14 @@ pub struct BenchArgs {
     /// when the flags are parsed.
     #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
     pub congestion: kvferry_peer::Congestion,
+    /// The emulator's receive-coalescing hold in µs (its NIC's interrupt moderation: due
+    /// packets of one flow within it reach the stack as one GSO packet).
+    #[arg(long, default_value_t = 50)]
+    pub wan_gro_hold_us: u64,
+    /// The emulator's TUN devices without a NIC's offloads (no TSO/USO on send, no receive
+    /// coalescing; checksum offload stays): the kernels segment and receive every packet.
+    #[arg(long)]
+    pub wan_no_offloads: bool,
     /// Parallel QUIC streams per transfer.
     #[arg(long, default_value_t = 4)]
     pub streams: u32,
@@ -268,7 +276,10 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             link.rtt_s * 1e3,
             link.loss * 100.0
         );
-        let emu = Emulator::start_path(path).map_err(|e| anyhow::anyhow!("starting the emulator: {e}"))?;
+        let mut wan = EmulatorConfig::new(path);
+        wan.segmentation_offload = !a.wan_no_offloads;
+        wan.rx_coalesce = (!a.wan_no_offloads).then(|| Duration::from_micros(a.wan_gro_hold_us));
+        let emu = Emulator::with_config(wan).map_err(|e| anyhow::anyhow!("starting the emulator: {e}"))?;
         let root = tempfile::Builder::new().prefix("kvferry-bench-").tempdir()?;
         let opts = RegionOptions {
             exe: exe.clone(),
@@ -327,6 +338,14 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
                 out.join("report.json").display()
             );
         }
+        let s = emu.stats();
+        let per = |d: &kvferry_wanem::DirectionStats| {
+            format!(
+                "{} packets, {} sends cut (TSO/USO), {} of them delivered in {} coalesced writes (GRO)",
+                d.tx_packets, d.segmented, d.coalesced_packets, d.coalesced
+            )
+        };
+        println!("  emulator A->B: {}; B->A: {}", per(&s.ab), per(&s.ba));
         drop(emu);
     }
     report.decision_summary = stats::summaries(&report.decisions);

@@ -21,6 +21,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use crate::error::{Result, WanemError};
 use crate::forwarder::{DirCounters, DirectionStats, Forwarder};
@@ -76,12 +77,31 @@ pub struct EmulatorConfig {
     /// leaves them. `net.core.{r,w}mem_max` are host-wide and not touched: UDP sockets that
     /// need big buffers should use SO_RCVBUFFORCE/SO_SNDBUFFORCE (root).
     pub tcp_buffer_max: Option<u64>,
+    /// Receive coalescing ([`crate::gso::Coalescer`]) with this interrupt-moderation hold:
+    /// consecutive packets of one flow due within it reach the receiving stack as one GSO
+    /// packet, as a NIC's GRO delivers what one interrupt finds. A packet is delivered at
+    /// most the hold after its due time (the first of a run exactly then, the rest sooner).
+    /// Default 50 µs, the order of NICs' default `rx-usecs`; `Some(ZERO)` coalesces only
+    /// what is due at once; `None` turns it off.
+    pub rx_coalesce: Option<Duration>,
+    /// Segmentation offload on both TUN devices (TSO for TCP, USO for UDP GSO): a send
+    /// reaches the emulator whole and is cut there ([`crate::gso::Segments`]), as a NIC
+    /// cuts it; `false` leaves segmenting to the sending kernel. On by default.
+    pub segmentation_offload: bool,
 }
 
 impl EmulatorConfig {
     /// Defaults (MTU 1500, random seed) for `path`.
     pub fn new(path: PathProfile) -> Self {
-        Self { path, mtu: 1500, seed: None, tun_txqueuelen: 1000, tcp_buffer_max: Some(64 << 20) }
+        Self {
+            path,
+            mtu: 1500,
+            seed: None,
+            tun_txqueuelen: 1000,
+            tcp_buffer_max: Some(64 << 20),
+            rx_coalesce: Some(Duration::from_micros(50)),
+            segmentation_offload: true,
+        }
     }
 }
 
@@ -171,6 +191,7 @@ impl Emulator {
                 counters: Arc::clone(&emu.counters[i]),
                 stop: Arc::clone(&emu.stop),
                 buf_size,
+                coalesce: emu.config.rx_coalesce,
             };
             let handle = std::thread::Builder::new()
                 .name(format!("wanem {label}"))
@@ -300,7 +321,7 @@ impl Drop for Emulator {
 /// Creates, addresses and raises the TUN device of one end; returns its fd.
 fn setup_end(ns: &NetNs, local: Ipv4Addr, peer: Ipv4Addr, cfg: &EmulatorConfig) -> Result<OwnedFd> {
     let fd = ns.run(|| {
-        let fd = sys::open_tun(DEVICE)?;
+        let fd = sys::open_tun(DEVICE, cfg.segmentation_offload)?;
         // Best effort: a kernel without IPv6 has no such file, and then no IPv6 noise either.
         let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{DEVICE}/disable_ipv6"), "1");
         if let Some(max) = cfg.tcp_buffer_max {

@@ -2,7 +2,10 @@
 //! the [`Shaper`], hold them in a delay line and write them to the egress TUN when due.
 //!
 //! A packet read whole from a TSO/USO send is cut into its wire segments first
-//! ([`crate::gso`]); each segment is one packet for the shaper and the delay line.
+//! ([`crate::gso`]); each segment is one packet for the shaper and the delay line. Packets
+//! due together that continue one flow leave as one GSO packet (the NIC's GRO,
+//! [`crate::gso::Coalescer`]); like a NIC's interrupt moderation, the head of the line may
+//! wait a configured hold (default 50 µs) past its due time for the packets behind it.
 //!
 //! The thread never allocates per packet in steady state: packet buffers come from a free
 //! list and go back to it after the write. It sleeps in `ppoll` (1 ns timer slack) until the
@@ -16,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::gso::Segments;
+use crate::gso::{Coalescer, Segments};
 use crate::shaper::{Shaper, Verdict};
 use crate::sys::{self, ReadOutcome};
 
@@ -43,6 +46,8 @@ pub(crate) struct DirCounters {
     reordered: AtomicU64,
     io_errors: AtomicU64,
     segmented: AtomicU64,
+    coalesced: AtomicU64,
+    coalesced_packets: AtomicU64,
 }
 
 /// A snapshot of one direction's counters.
@@ -67,6 +72,11 @@ pub struct DirectionStats {
     /// Packets read whole from a TSO/USO send and cut into segments (each segment counts in
     /// `rx_packets`).
     pub segmented: u64,
+    /// GSO packets written to the egress TUN, each carrying a run of one flow's due packets
+    /// (GRO; each packet counts in `tx_packets`).
+    pub coalesced: u64,
+    /// Packets those GSO packets carried.
+    pub coalesced_packets: u64,
 }
 
 impl DirectionStats {
@@ -89,6 +99,8 @@ impl DirCounters {
             reordered: g(&self.reordered),
             io_errors: g(&self.io_errors),
             segmented: g(&self.segmented),
+            coalesced: g(&self.coalesced),
+            coalesced_packets: g(&self.coalesced_packets),
         }
     }
 }
@@ -132,6 +144,10 @@ pub(crate) struct Forwarder {
     pub(crate) counters: Arc<DirCounters>,
     pub(crate) stop: Arc<AtomicBool>,
     pub(crate) buf_size: usize,
+    /// Deliver runs of due packets of one flow as one GSO packet (GRO), holding the line's
+    /// head this long past its due time for more to join (a NIC's interrupt moderation);
+    /// `None`: every packet on its own, on time.
+    pub(crate) coalesce: Option<Duration>,
 }
 
 impl Forwarder {
@@ -144,26 +160,39 @@ impl Forwarder {
         let mut held_bytes = 0usize;
         let mut seq = 0u64;
         let mut scratch = vec![0u8; sys::MAX_GSO_READ].into_boxed_slice();
+        let mut gro = Coalescer::new();
         let c = Arc::clone(&self.counters);
         while !self.stop.load(Ordering::Relaxed) {
-            // 1. Deliver what is due.
+            // 1. Deliver what is due; runs of one flow's packets go out as one (GRO).
             let now = Instant::now();
+            let mut batch_bytes = 0u64;
+            let hold = self.coalesce.unwrap_or_default();
+            let mut first = true;
             while let Some((due, from_line)) = next_due(&line, &held) {
-                if due > now {
+                // The first of a run waits out the moderation hold; the rest go if due.
+                let ready_at = if first && from_line { due + hold } else { due };
+                if ready_at > now {
                     break;
                 }
+                first = false;
                 let pkt = if from_line { line.pop_front() } else { held.pop().map(|h| h.1) };
                 let Some(pkt) = pkt else { break };
-                match sys::write_packet(self.egress.as_fd(), &pkt.buf[..pkt.len]) {
-                    Ok(()) => {
-                        bump(&c.tx_packets, 1);
-                        bump(&c.tx_bytes, (pkt.len - sys::VNET_HDR_LEN) as u64);
-                    }
-                    Err(_) => bump(&c.io_errors, 1),
-                }
+                let bytes = &pkt.buf[..pkt.len];
+                let ip_bytes = (pkt.len - sys::VNET_HDR_LEN) as u64;
                 held_bytes -= pkt.len;
+                if self.coalesce.is_some() && from_line && gro.push(bytes) {
+                    batch_bytes += ip_bytes;
+                } else {
+                    self.flush(&mut gro, &mut batch_bytes);
+                    if self.coalesce.is_some() && from_line && gro.push(bytes) {
+                        batch_bytes += ip_bytes;
+                    } else {
+                        self.write(bytes, 1, ip_bytes);
+                    }
+                }
                 pool.push(pkt.buf);
             }
+            self.flush(&mut gro, &mut batch_bytes);
             // 2. Take in what has arrived.
             let mut got = 0;
             while got < READ_BATCH {
@@ -239,7 +268,7 @@ impl Forwarder {
                 continue;
             }
             // 3. Sleep until the next delivery or the next packet.
-            let next = next_due(&line, &held).map(|(t, _)| t);
+            let next = next_due(&line, &held).map(|(t, from_line)| if from_line { t + hold } else { t });
             let now = Instant::now();
             let wait = next.map_or(MAX_IDLE, |t| t.saturating_duration_since(now)).min(MAX_IDLE);
             if wait.is_zero() {
@@ -252,6 +281,32 @@ impl Forwarder {
             } else {
                 sys::wait_readable(self.ingress.as_fd(), wait);
             }
+        }
+    }
+}
+
+impl Forwarder {
+    /// Writes one packet to the egress TUN that carries `packets` wire packets of `ip_bytes`.
+    fn write(&self, bytes: &[u8], packets: u64, ip_bytes: u64) {
+        let c = &self.counters;
+        match sys::write_packet(self.egress.as_fd(), bytes) {
+            Ok(()) => {
+                bump(&c.tx_packets, packets);
+                bump(&c.tx_bytes, ip_bytes);
+                if packets > 1 {
+                    bump(&c.coalesced, 1);
+                    bump(&c.coalesced_packets, packets);
+                }
+            }
+            Err(_) => bump(&c.io_errors, 1),
+        }
+    }
+
+    /// Writes what the coalescer holds, if anything.
+    fn flush(&self, gro: &mut Coalescer, batch_bytes: &mut u64) {
+        if !gro.is_empty() {
+            let n = gro.len() as u64;
+            self.write(gro.finish(), n, std::mem::take(batch_bytes));
         }
     }
 }

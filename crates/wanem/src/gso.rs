@@ -250,6 +250,189 @@ impl<'a> Segments<'a> {
     }
 }
 
+/// Most segments one coalesced packet holds (Linux's GRO limit).
+pub const MAX_COALESCED: usize = 64;
+
+/// Receive coalescing, done by the emulator the way a NIC's GRO/LRO does it: consecutive
+/// packets of one flow that are due at the same moment are handed to the receiving stack as
+/// one GSO packet (`VIRTIO_NET_HDR_GSO_UDP_L4` or `_TCPV4`), which a socket with `UDP_GRO`
+/// (quinn's) reads in one call and a TCP socket takes as one segment; any other socket gets
+/// the datagrams one by one, cut by its kernel. It never holds a packet back: the forwarder
+/// offers only packets already due and flushes before it sleeps, so timing is unchanged.
+///
+/// A packet joins the batch only if it is the batch flow's next in order: IPv4 without
+/// options or fragments, partial checksum (as every packet the sending device hands over
+/// is), the same addresses, ports, TOS and TTL, a payload of the batch's segment size (a
+/// shorter one may end it); for TCP the next sequence number, the same ACK, window and
+/// options, and only ACK (with PSH, which ends the batch) among its flags.
+#[derive(Debug)]
+pub struct Coalescer {
+    buf: Vec<u8>,
+    segs: usize,
+    seg_size: usize,
+    /// No more may join (a short segment or a PSH ended it).
+    closed: bool,
+    proto: u8,
+    next_seq: u32,
+}
+
+impl Default for Coalescer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+const IPV4_HDR: usize = 20;
+
+impl Coalescer {
+    /// An empty coalescer with room for one 64 KiB packet.
+    pub fn new() -> Self {
+        Self {
+            buf: Vec::with_capacity(crate::sys::MAX_GSO_READ),
+            segs: 0,
+            seg_size: 0,
+            closed: false,
+            proto: 0,
+            next_seq: 0,
+        }
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.segs == 0
+    }
+
+    /// Packets held.
+    pub fn len(&self) -> usize {
+        self.segs
+    }
+
+    /// Adds `pkt` (virtio header and IP packet, as the forwarder queues them) to the batch, or
+    /// returns `false` and changes nothing if it cannot join — the caller then [`Self::finish`]es
+    /// the batch, writes it, and offers the packet again; a packet refused by an empty
+    /// coalescer is one to write as it is.
+    pub fn push(&mut self, pkt: &[u8]) -> bool {
+        let Some((proto, headers, payload)) = eligible(pkt) else { return false };
+        let ip = &pkt[VNET_HDR_LEN..];
+        if self.segs == 0 {
+            self.buf.clear();
+            self.buf.extend_from_slice(pkt);
+            self.segs = 1;
+            self.seg_size = payload;
+            self.proto = proto;
+            self.closed = false;
+            if proto == PROTO_TCP {
+                let t = &ip[IPV4_HDR..];
+                self.next_seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]).wrapping_add(payload as u32);
+                self.closed = t[13] & TCP_PSH != 0;
+            }
+            return true;
+        }
+        let first = &self.buf[VNET_HDR_LEN..];
+        if self.closed
+            || proto != self.proto
+            || self.segs >= MAX_COALESCED
+            || payload > self.seg_size
+            || self.buf.len() + payload > crate::sys::MAX_GSO_READ - 1
+            || ip[1] != first[1]
+            || ip[8] != first[8]
+            || ip[12..IPV4_HDR + 4] != first[12..IPV4_HDR + 4]
+        {
+            return false;
+        }
+        if proto == PROTO_TCP {
+            let (t, f) = (&ip[IPV4_HDR..headers], &first[IPV4_HDR..]);
+            let seq = u32::from_be_bytes([t[4], t[5], t[6], t[7]]);
+            // Same header length, ACK, flags (but PSH), window and options.
+            if seq != self.next_seq
+                || headers - IPV4_HDR != usize::from(f[12] >> 4) * 4
+                || t[8..13] != f[8..13]
+                || (t[13] & !TCP_PSH) != (f[13] & !TCP_PSH)
+                || t[14..16] != f[14..16]
+                || t[20..] != f[20..headers - IPV4_HDR]
+            {
+                return false;
+            }
+            self.next_seq = seq.wrapping_add(payload as u32);
+            if t[13] & TCP_PSH != 0 {
+                let at = VNET_HDR_LEN + IPV4_HDR + 13;
+                self.buf[at] |= TCP_PSH;
+                self.closed = true;
+            }
+        }
+        self.buf.extend_from_slice(&ip[headers..]);
+        self.segs += 1;
+        if payload < self.seg_size {
+            self.closed = true;
+        }
+        true
+    }
+
+    /// The batch as one packet to write (virtio header first), and empties the coalescer. One
+    /// packet comes back exactly as it was pushed; several come back as a GSO packet.
+    pub fn finish(&mut self) -> &[u8] {
+        let segs = std::mem::take(&mut self.segs);
+        if segs > 1 {
+            let proto = self.proto;
+            let pkt = &mut self.buf[VNET_HDR_LEN..];
+            let ip_len = pkt.len();
+            let l4_len = ip_len - IPV4_HDR;
+            pkt[2..4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+            pkt[10..12].fill(0);
+            let ip_sum = !fold(sum16(&pkt[..IPV4_HDR]));
+            pkt[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+            let (check_at, headers, gso_type) = if proto == PROTO_UDP {
+                pkt[IPV4_HDR + 4..IPV4_HDR + 6].copy_from_slice(&(l4_len as u16).to_be_bytes());
+                (6, IPV4_HDR + 8, GSO_UDP_L4)
+            } else {
+                (16, IPV4_HDR + usize::from(pkt[IPV4_HDR + 12] >> 4) * 4, GSO_TCPV4)
+            };
+            let pseudo = fold(sum16(&pkt[12..20]) + u32::from(proto) + l4_len as u32);
+            pkt[IPV4_HDR + check_at..IPV4_HDR + check_at + 2].copy_from_slice(&pseudo.to_be_bytes());
+            VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type,
+                hdr_len: headers as u16,
+                gso_size: self.seg_size as u16,
+                csum_start: IPV4_HDR as u16,
+                csum_offset: check_at as u16,
+            }
+            .write(&mut self.buf);
+        }
+        &self.buf
+    }
+}
+
+/// Whether `pkt` may be coalesced at all: (protocol, header bytes, payload bytes).
+fn eligible(pkt: &[u8]) -> Option<(u8, usize, usize)> {
+    let hdr = VnetHdr::parse(pkt)?;
+    let ip = &pkt[VNET_HDR_LEN..];
+    if hdr.gso_type != GSO_NONE
+        || hdr.flags & F_NEEDS_CSUM == 0
+        || usize::from(hdr.csum_start) != IPV4_HDR
+        || ip.len() < IPV4_HDR + 8
+        || ip[0] != 0x45
+        || u16::from_be_bytes([ip[2], ip[3]]) as usize != ip.len()
+        || u16::from_be_bytes([ip[6], ip[7]]) & 0x3fff != 0
+    {
+        return None;
+    }
+    let headers = match ip[9] {
+        PROTO_UDP if hdr.csum_offset == 6 => IPV4_HDR + 8,
+        PROTO_TCP if hdr.csum_offset == 16 && ip.len() >= IPV4_HDR + 20 => {
+            let t = &ip[IPV4_HDR..];
+            // ACK, optionally PSH; nothing else.
+            if t[13] & !TCP_PSH != 0x10 {
+                return None;
+            }
+            IPV4_HDR + usize::from(t[12] >> 4) * 4
+        }
+        _ => return None,
+    };
+    let payload = ip.len().checked_sub(headers).filter(|&p| p > 0)?;
+    Some((ip[9], headers, payload))
+}
+
 /// The ones'-complement sum of `b` as big-endian 16-bit words (an odd last byte is padded).
 fn sum16(b: &[u8]) -> u32 {
     let mut s = 0u32;
@@ -302,6 +485,11 @@ mod tests {
             l4[4..6].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
         }
         ip[20 + l4_hdr..].copy_from_slice(payload);
+        let ip_sum = !fold(sum16(&ip[..20]));
+        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+        let check_at = 20 + if proto == PROTO_TCP { 16 } else { 6 };
+        let pseudo = fold(sum16(&SRC) + sum16(&DST) + u32::from(proto) + (ip_len - 20) as u32);
+        ip[check_at..check_at + 2].copy_from_slice(&pseudo.to_be_bytes());
         let hdr = VnetHdr {
             flags: F_NEEDS_CSUM,
             gso_type,
@@ -351,6 +539,82 @@ mod tests {
                 out
             })
             .collect()
+    }
+
+    fn coalesce(segs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut c = Coalescer::new();
+        let mut out = Vec::new();
+        for s in segs {
+            if !c.push(s) {
+                out.push(c.finish().to_vec());
+                if !c.push(s) {
+                    out.push(s.clone());
+                }
+            }
+        }
+        if !c.is_empty() {
+            out.push(c.finish().to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn cut_then_coalesced_is_the_send_again() {
+        for (proto, kind, seg, n, flags) in [
+            (PROTO_UDP, GSO_UDP_L4, 1350u16, 1350 * 9 + 100, 0u8),
+            (PROTO_UDP, GSO_UDP_L4, 1200, 1200 * 4, 0),
+            (PROTO_TCP, GSO_TCPV4, 1448, 1448 * 6, 0x10 | TCP_PSH),
+            (PROTO_TCP, GSO_TCPV4, 1448, 1448 * 3 + 5, 0x10),
+        ] {
+            let send = gso_packet(proto, kind, seg, &payload(n), flags);
+            let back = coalesce(&cut(&send));
+            assert_eq!(back.len(), 1, "proto {proto}: one packet back");
+            let (b, s) = (&back[0], &send);
+            assert_eq!(VnetHdr::parse(b).unwrap(), VnetHdr::parse(s).unwrap(), "proto {proto}: header");
+            assert_eq!(b[VNET_HDR_LEN..], s[VNET_HDR_LEN..], "proto {proto}: packet");
+        }
+    }
+
+    #[test]
+    fn one_packet_is_written_as_it_came() {
+        let segs = cut(&gso_packet(PROTO_UDP, GSO_UDP_L4, 1350, &payload(900), 0));
+        assert_eq!(coalesce(&segs), segs);
+    }
+
+    #[test]
+    fn what_breaks_a_batch() {
+        let udp = cut(&gso_packet(PROTO_UDP, GSO_UDP_L4, 1000, &payload(4000), 0));
+        // A shorter datagram ends a batch; the next full one starts another.
+        let short = cut(&gso_packet(PROTO_UDP, GSO_UDP_L4, 1000, &payload(500), 0));
+        let seq = [udp[0].clone(), short[0].clone(), udp[1].clone()];
+        let out = coalesce(&seq);
+        assert_eq!(out.len(), 2);
+        assert_eq!(VnetHdr::parse(&out[0]).unwrap().gso_type, GSO_UDP_L4);
+        assert_eq!(out[1], udp[1]);
+        // Another flow (port), a larger datagram, a non-GSO-able packet.
+        let mut other = udp[1].clone();
+        other[VNET_HDR_LEN + 21] ^= 1;
+        assert_eq!(coalesce(&[udp[0].clone(), other.clone()]).len(), 2);
+        let big = cut(&gso_packet(PROTO_UDP, GSO_UDP_L4, 1200, &payload(1200), 0));
+        assert_eq!(coalesce(&[short[0].clone(), big[0].clone()]).len(), 2);
+        let mut plain = udp[0].clone();
+        plain[0] = 0; // no partial checksum: not from a checksumming device
+        assert!(!Coalescer::new().push(&plain));
+        // TCP: a gap in sequence, and a packet after a PSH.
+        let tcp = cut(&gso_packet(PROTO_TCP, GSO_TCPV4, 1448, &payload(1448 * 4), 0x10 | TCP_PSH));
+        assert_eq!(coalesce(&[tcp[0].clone(), tcp[2].clone()]).len(), 2, "a sequence gap");
+        let mut psh = tcp[1].clone();
+        psh[VNET_HDR_LEN + 33] |= TCP_PSH;
+        let out = coalesce(&[tcp[0].clone(), psh, tcp[2].clone()]);
+        assert_eq!(out.len(), 2, "PSH ends a batch");
+        let mut syn = tcp[0].clone();
+        syn[VNET_HDR_LEN + 33] |= 0x02;
+        assert!(!Coalescer::new().push(&syn), "only ACK/PSH segments coalesce");
+        // A full batch of MAX_COALESCED.
+        let many = cut(&gso_packet(PROTO_UDP, GSO_UDP_L4, 100, &payload(100 * (MAX_COALESCED + 1)), 0));
+        let out = coalesce(&many);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1], many[MAX_COALESCED]);
     }
 
     #[test]

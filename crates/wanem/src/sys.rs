@@ -51,8 +51,10 @@ pub const MAX_GSO_READ: usize = VNET_HDR_LEN + 65_536;
 /// `TUN_F_USO4`/`6` for UDP GSO sends such as QUIC's): a send of up to 64 KiB arrives as one
 /// packet whose virtio header gives the segment size, and the forwarder cuts it into the
 /// MTU-sized packets the wire carries ([`crate::gso`]) before shaping, for QUIC and TCP alike.
-/// Packets written to the device are single MTU-sized packets.
-pub fn open_tun(name: &str) -> Result<OwnedFd> {
+/// `segmentation_offload = false`: checksum offload only, the sending kernel segments. Writes
+/// may carry GSO packets either way (the forwarder's receive coalescing): the kernel takes
+/// them from any TUN with a virtio header.
+pub fn open_tun(name: &str, segmentation_offload: bool) -> Result<OwnedFd> {
     let cname = CString::new(name).map_err(|_| WanemError::Profile("NUL in device name".into()))?;
     if cname.as_bytes().len() >= libc::IFNAMSIZ {
         return Err(WanemError::Profile(format!("device name {name:?} too long")));
@@ -77,7 +79,8 @@ pub fn open_tun(name: &str) -> Result<OwnedFd> {
         return Err(WanemError::last_os("ioctl(TUNSETIFF)"));
     }
     // USO is only accepted for both IP versions at once.
-    let offloads = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_USO4 | libc::TUN_F_USO6;
+    let segmentation = libc::TUN_F_TSO4 | libc::TUN_F_USO4 | libc::TUN_F_USO6;
+    let offloads = libc::TUN_F_CSUM | if segmentation_offload { segmentation } else { 0 };
     // SAFETY: TUNSETOFFLOAD takes its flags by value (an unsigned long); the fd is the TUN
     // device configured above.
     let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TUNSETOFFLOAD, offloads as libc::c_ulong) };
