@@ -425,15 +425,22 @@ pub struct LandingSink {
 }
 
 impl LandingSink {
-    /// Buffers for `n` blocks of `shape`.
+    /// Room for `n` blocks of `shape`. A block's buffer is allocated when the first chunk
+    /// that covers it lands, not here: zero-filling (and faulting in) a whole fetch's buffers
+    /// before its request went out cost 161 ms for 256 MiB on this host — three round trips
+    /// at 50 ms before a byte moved, and ~1.3 s at 2 GiB. Allocated as it lands, the cost is
+    /// spread over the transfer, beside the network.
     pub fn new(shape: BlockShape, n: usize) -> Self {
-        let bytes = shape.block_bytes() as usize;
-        Self { shape, blocks: Mutex::new(vec![vec![0u8; bytes]; n]), landed_bytes: Default::default() }
+        Self { shape, blocks: Mutex::new(vec![Vec::new(); n]), landed_bytes: Default::default() }
     }
 
-    /// The assembled blocks (call only after the fetch returned `Ok`).
+    /// The assembled blocks (call only after the fetch returned `Ok`, when every block was
+    /// landed; a block no chunk covered would come back zeroed, never short).
     pub fn into_blocks(self) -> Vec<Vec<u8>> {
-        self.blocks.into_inner().unwrap_or_else(|p| p.into_inner())
+        let bytes = self.shape.block_bytes() as usize;
+        let mut blocks = self.blocks.into_inner().unwrap_or_else(|p| p.into_inner());
+        allocate(&mut blocks, 0..usize::MAX, bytes);
+        blocks
     }
 }
 
@@ -441,12 +448,24 @@ impl ChunkSink for LandingSink {
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
             let mut blocks = self.blocks.locked();
+            let range = spec.blocks.0 as usize..spec.blocks.1 as usize;
+            allocate(&mut blocks, range, self.shape.block_bytes() as usize);
             self.shape
                 .scatter(&spec, payload, &mut blocks)
                 .map_err(|detail| ChunkError::Mismatch { chunk: spec.id, detail })?;
             self.landed_bytes.fetch_add(payload.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         })
+    }
+}
+
+/// Gives each not yet allocated block of `range` (clamped to `blocks`) its zeroed buffer.
+fn allocate(blocks: &mut [Vec<u8>], range: std::ops::Range<usize>, bytes: usize) {
+    let end = range.end.min(blocks.len());
+    for b in blocks.iter_mut().take(end).skip(range.start) {
+        if b.is_empty() {
+            *b = vec![0u8; bytes];
+        }
     }
 }
 
