@@ -19,8 +19,38 @@ use crate::session::{self, Allow};
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
 
-fn parse_congestion(s: &str) -> Result<kvferry_peer::Congestion, String> {
-    kvferry_peer::Congestion::parse(s).ok_or_else(|| format!("{s:?}: must be cubic, bbr or newreno"))
+/// The daemons' congestion controller for a profile: one for every profile, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CongestionChoice {
+    /// What an operator would set for the path: CUBIC where the path does not drop packets
+    /// at random, BBR where it does. quinn's CUBIC with the BDP as its initial window runs a
+    /// lossless 1 Gbit/s path at 90–95 % where quinn's BBR, whose startup leaves early, ran
+    /// 64–76 %; at 0.1 % random loss CUBIC halves its window on every loss and carries
+    /// ~1 % of the link where BBR keeps ~70 % (`bench/results/transport-start-2026-12-03/`,
+    /// `bench/results/bench-loss-cubic-vs-bbr.md`).
+    Auto,
+    /// This controller on every profile.
+    Fixed(kvferry_peer::Congestion),
+}
+
+impl CongestionChoice {
+    /// The controller for a path with random loss `loss` (a fraction).
+    pub fn for_loss(self, loss: f64) -> kvferry_peer::Congestion {
+        match self {
+            Self::Fixed(c) => c,
+            Self::Auto if loss > 0.0 => kvferry_peer::Congestion::Bbr,
+            Self::Auto => kvferry_peer::Congestion::Cubic,
+        }
+    }
+}
+
+fn parse_congestion(s: &str) -> Result<CongestionChoice, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(CongestionChoice::Auto);
+    }
+    kvferry_peer::Congestion::parse(s)
+        .map(CongestionChoice::Fixed)
+        .ok_or_else(|| format!("{s:?}: must be auto, cubic, bbr or newreno"))
 }
 
 /// Flags of `kvferry bench`.
@@ -55,10 +85,11 @@ pub struct BenchArgs {
     /// hedged on a conversation of its own and judged by its own wall time).
     #[arg(long)]
     pub no_hedge: bool,
-    /// Congestion controller of the daemons (cubic | bbr | newreno); anything else is refused
-    /// when the flags are parsed.
-    #[arg(long, default_value = "bbr", value_parser = parse_congestion)]
-    pub congestion: kvferry_peer::Congestion,
+    /// Congestion controller of the daemons (auto | cubic | bbr | newreno; auto: CUBIC on a
+    /// lossless profile, BBR on a lossy one); anything else is refused when the flags are
+    /// parsed.
+    #[arg(long, default_value = "auto", value_parser = parse_congestion)]
+    pub congestion: CongestionChoice,
     /// The emulator's receive-coalescing hold in µs (its NIC's interrupt moderation: due
     /// packets of one flow within it reach the stack as one GSO packet).
     #[arg(long, default_value_t = 50)]
@@ -270,11 +301,13 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
         if vllm.is_some() {
             link.profile = format!("{name} (vLLM)");
         }
+        let congestion = a.congestion.for_loss(link.loss);
         println!(
-            "\n== profile {name}: {:.0} Mbit/s, RTT {:.0} ms, loss {:.2}%",
+            "\n== profile {name}: {:.0} Mbit/s, RTT {:.0} ms, loss {:.2}%, congestion {}",
             link.rate_bps / 1e6,
             link.rtt_s * 1e3,
-            link.loss * 100.0
+            link.loss * 100.0,
+            congestion.name()
         );
         let mut wan = EmulatorConfig::new(path);
         wan.segmentation_offload = !a.wan_no_offloads;
@@ -286,7 +319,7 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             shape,
             gbps: if link.rate_bps.is_finite() { link.rate_bps / 1e9 } else { 10.0 },
             rtt_ms: link.rtt_s * 1e3,
-            congestion: a.congestion,
+            congestion,
             streams: a.streams,
             landing_bytes: (max_session + max_session / 2).max(512 * MIB),
             vllm: vllm.clone(),
@@ -446,7 +479,7 @@ async fn profile_body(
     if !a.no_baselines && !loaded {
         type Baseline<'a> =
             Box<dyn Fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun> + 'a>;
-        let cc = a.congestion;
+        let cc = a.congestion.for_loss(link.loss);
         let runs: [(&str, Baseline<'_>); 5] = [
             ("quinn-defaults", Box::new(kvferry_baselines::quinn_defaults)),
             ("tcp-tls", Box::new(kvferry_baselines::tcp_tls)),
@@ -831,10 +864,18 @@ mod tests {
 
     #[test]
     fn the_congestion_flag_is_typed_when_parsed() {
-        assert_eq!(args(&[]).congestion, kvferry_peer::Congestion::Bbr);
-        assert_eq!(args(&["--congestion", "NewReno"]).congestion, kvferry_peer::Congestion::NewReno);
+        use kvferry_peer::Congestion;
+        assert_eq!(args(&[]).congestion, CongestionChoice::Auto);
+        assert_eq!(
+            args(&["--congestion", "NewReno"]).congestion,
+            CongestionChoice::Fixed(Congestion::NewReno)
+        );
         let e = Cli::try_parse_from(["x", "--congestion", "vegas"]).unwrap_err().to_string();
-        assert!(e.contains("must be cubic, bbr or newreno"), "{e}");
+        assert!(e.contains("must be auto, cubic, bbr or newreno"), "{e}");
+        // auto: CUBIC on a lossless path, BBR on a lossy one; a fixed choice everywhere.
+        assert_eq!(CongestionChoice::Auto.for_loss(0.0), Congestion::Cubic);
+        assert_eq!(CongestionChoice::Auto.for_loss(0.001), Congestion::Bbr);
+        assert_eq!(CongestionChoice::Fixed(Congestion::Bbr).for_loss(0.0), Congestion::Bbr);
     }
 
     #[test]
