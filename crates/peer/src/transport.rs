@@ -138,7 +138,7 @@ impl LinkTuning {
             .min(self.connection_window())
     }
 
-    /// Initial congestion window: the link's BDP, between 1 and 32 MiB. The daemon knows the
+    /// Initial congestion window: the link's BDP, between 64 KiB and 32 MiB. The daemon knows the
     /// path it dials (configured, then measured), so a new connection starts at the rate the
     /// path carries instead of re-learning it in slow start (the idea of the IETF's Careful
     /// Resume); quinn paces the window over the RTT, so it leaves as a paced flight, not a
@@ -146,7 +146,7 @@ impl LinkTuning {
     /// took 0.30 s for the first 16 MiB and reached 86 % of the link; the whole BDP, 0.18 s
     /// and 91 % (`bench/results/transport-start-2026-12-03/`).
     pub fn initial_window(&self) -> u64 {
-        self.bdp_bytes().clamp(MIB, 32 * MIB)
+        self.bdp_bytes().clamp(64 << 10, 32 * MIB)
     }
 
     /// The receive hold this link's socket uses: [`LinkTuning::recv_coalesce`] on round trips
@@ -283,10 +283,12 @@ mod tests {
         assert_eq!(t.initial_window(), 18_750_000);
         // A 100 Gbit/s path: the initial window stops at 32 MiB.
         assert_eq!(LinkTuning { bandwidth_bps: 100e9, ..t }.initial_window(), 32 * MIB);
-        // 100 Mbit/s × 20 ms: windows never below 16 MiB, initial window at least 1 MiB.
+        // 100 Mbit/s × 20 ms: windows never below 16 MiB, the initial window is the BDP.
         let t = LinkTuning { bandwidth_bps: 100e6, rtt: Duration::from_millis(20), ..LinkTuning::default() };
         assert_eq!(t.connection_window(), 16 * MIB);
-        assert_eq!(t.initial_window(), MIB);
+        assert_eq!(t.initial_window(), 250_000);
+        // A thin, short path: never below 64 KiB.
+        assert_eq!(LinkTuning { rtt: Duration::from_millis(1), ..t }.initial_window(), 64 << 10);
     }
 
     #[test]
