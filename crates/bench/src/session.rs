@@ -232,15 +232,67 @@ pub fn record_hedge(p: &mut DecisionPoint, run: &Migrated) -> anyhow::Result<()>
     Ok(())
 }
 
-/// One line on the hedge at a decision point: how the hedged run went, or why the daemon did
-/// not hedge (its reason's `not hedged:` part).
+/// One line on the hedge at a decision point: how the hedged run went and what the daemon
+/// expected of it (its reason's `hedged:` part), or why it did not hedge (the `not hedged:`
+/// part).
 pub fn hedge_note(p: &DecisionPoint, d: &Decision) -> String {
     match (p.measured_hedge_s, &p.hedge_winner) {
-        (Some(s), Some(w)) => format!("hedged: {w} finished first, {s:.3} s"),
+        (Some(s), Some(w)) => match d.reason.split_once("; hedged: ") {
+            Some((_, why)) => format!("hedged: {w} finished first, {s:.3} s; {why}"),
+            None => format!("hedged: {w} finished first, {s:.3} s"),
+        },
         _ if d.hedge => format!("planned a hedge; at execution the daemon chose {}", p.chosen),
         _ => d
             .reason
             .split_once("not hedged: ")
             .map_or("no hedge weighed".into(), |(_, r)| format!("not hedged: {r}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(hedge: Option<(f64, &str)>) -> DecisionPoint {
+        DecisionPoint {
+            link: LinkSpec { profile: "p".into(), rate_bps: 1e9, rtt_s: 0.05, loss: 0.0 },
+            prefix_tokens: 32,
+            chosen: "hedge".into(),
+            predicted_fetch_s: 0.073,
+            predicted_recompute_s: 0.055,
+            measured_fetch_s: 0.073,
+            measured_recompute_s: 0.058,
+            modeled_crossover_tokens: Some(46.0),
+            fetch_samples: 3,
+            recompute_samples: 3,
+            measured_hedge_s: hedge.map(|h| h.0),
+            hedge_winner: hedge.map(|h| h.1.to_owned()),
+        }
+    }
+
+    #[test]
+    fn a_hedge_note_says_how_it_went_and_what_the_daemon_expected() {
+        let d = Decision {
+            reason: "model: recompute; hedged: the bands straddle the crossover: hedging is expected to take 50.00 ms vs 55.00 ms".into(),
+            hedge: true,
+            ..Decision::default()
+        };
+        let ran = hedge_note(&point(Some((0.076, "fetch"))), &d);
+        assert_eq!(
+            ran,
+            "hedged: fetch finished first, 0.076 s; the bands straddle the crossover: hedging is expected to take 50.00 ms vs 55.00 ms"
+        );
+        let replanned = hedge_note(&point(None), &d);
+        assert!(replanned.starts_with("planned a hedge; at execution the daemon chose hedge"), "{replanned}");
+        let no = Decision {
+            reason: "model: fetch; not hedged: the bands do not overlap".into(),
+            ..Decision::default()
+        };
+        assert_eq!(hedge_note(&point(None), &no), "not hedged: the bands do not overlap");
+        let plain = Decision { reason: "model: fetch".into(), ..Decision::default() };
+        assert_eq!(
+            hedge_note(&point(Some((0.07, "recompute"))), &plain),
+            "hedged: recompute finished first, 0.070 s"
+        );
     }
 }
