@@ -27,6 +27,16 @@ fn header(r: &BenchReport, s: &mut String) {
     let _ = writeln!(s, "- host: {}", cell(&r.host));
     let _ = writeln!(s, "- started: {} ({})", utc_date(r.started_unix), r.started_unix);
     let _ = writeln!(s, "- mode: {}", if r.quick { "quick" } else { "full" });
+    if let Some(c) = &r.ceilings {
+        let _ = writeln!(
+            s,
+            "- one core's ceilings, CPU s/GiB: memcpy {:.3}, AES-128-GCM {:.3}, XXH3-128 checksum {:.3}; a side's floor (each byte encrypted or decrypted, checksummed and copied once) {:.3}",
+            c.memcpy_s_per_gib,
+            c.aes128gcm_s_per_gib,
+            c.checksum_s_per_gib,
+            c.per_side_floor_s_per_gib()
+        );
+    }
     let _ = writeln!(
         s,
         "- points: {} transfers, {} baselines, {} decisions, {} splits\n",

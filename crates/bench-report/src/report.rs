@@ -135,6 +135,28 @@ pub struct BenchReport {
     pub splits: Vec<SplitPoint>,
     /// Targets missed and what limits them, and anything else worth reading.
     pub notes: Vec<String>,
+    /// One core's ceilings measured at the start of the run (absent in older reports).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceilings: Option<Ceilings>,
+}
+
+/// What the unavoidable per-byte work costs one core of the bench's host, CPU seconds per GiB.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Ceilings {
+    /// Copying (a 64 MiB buffer, past the caches).
+    pub memcpy_s_per_gib: f64,
+    /// Sealing with AES-128-GCM in 16 KiB records (aws-lc-rs).
+    pub aes128gcm_s_per_gib: f64,
+    /// The wire's chunk checksum (XXH3-128).
+    pub checksum_s_per_gib: f64,
+}
+
+impl Ceilings {
+    /// The floor of one side's CPU per GiB: each byte is encrypted (or decrypted), checksummed
+    /// and copied once.
+    pub fn per_side_floor_s_per_gib(&self) -> f64 {
+        self.memcpy_s_per_gib + self.aes128gcm_s_per_gib + self.checksum_s_per_gib
+    }
 }
 
 /// The prefix of [`BaselinePoint::note`] that marks a baseline that could not run.

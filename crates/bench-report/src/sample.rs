@@ -5,7 +5,9 @@
 //! The model behind it: 32 KiB of KV per token (a compressed latent cache), fetch =
 //! RTT + bytes × 8 / rate, recompute = 5 ms + 250 µs/token + 1 ns/token².
 
-use crate::report::{BaselinePoint, BenchReport, DecisionPoint, LinkSpec, SplitPoint, TransferPoint};
+use crate::report::{
+    BaselinePoint, BenchReport, Ceilings, DecisionPoint, LinkSpec, SplitPoint, TransferPoint,
+};
 use crate::stats::summaries;
 
 /// KV bytes per token of the sample's model.
@@ -160,6 +162,11 @@ pub fn sample_report() -> BenchReport {
                 .into(),
             "nixl-ucx-tcp skipped on two links (see its note)".into(),
         ],
+        ceilings: Some(Ceilings {
+            memcpy_s_per_gib: 0.11,
+            aes128gcm_s_per_gib: 0.33,
+            checksum_s_per_gib: 0.07,
+        }),
     }
 }
 

@@ -47,6 +47,12 @@ pub fn target_notes(r: &BenchReport) -> Vec<String> {
                     8.0 * (1u64 << 30) as f64 / 1e9 / cpu,
                     r.host
                 ));
+                if let Some(c) = &r.ceilings {
+                    line.push_str(&format!(
+                        " (the per-byte floor, memcpy + AES-128-GCM + checksum on one core, is {:.2} CPU s per GiB)",
+                        c.per_side_floor_s_per_gib()
+                    ));
+                }
             }
             let rtt_share = big.link.rtt_s / big.wall_s;
             if big.first_layer_s > 2.0 * big.link.rtt_s {

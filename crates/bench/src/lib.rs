@@ -11,6 +11,7 @@
 //! The results' types, statistics, Markdown and plots live in `kvferry-bench-report` (pure);
 //! the baselines in `kvferry-baselines`.
 
+pub mod ceilings;
 pub mod regions;
 pub mod run;
 pub mod session;

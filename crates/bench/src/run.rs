@@ -287,6 +287,15 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let mut report =
         BenchReport { command, started_unix: started, host: host(), quick: a.quick, ..Default::default() };
+    let c = crate::ceilings::measure(Duration::from_millis(300));
+    println!(
+        "one core's ceilings, CPU s/GiB: memcpy {:.3}, AES-128-GCM {:.3}, XXH3-128 {:.3} (a side's floor {:.3})",
+        c.memcpy_s_per_gib,
+        c.aes128gcm_s_per_gib,
+        c.checksum_s_per_gib,
+        c.per_side_floor_s_per_gib()
+    );
+    report.ceilings = Some(c);
     println!(
         "kvferry bench: {} profiles, sessions {:?} MiB; engine KV {} KiB/token; {}",
         plan.profiles.len(),
