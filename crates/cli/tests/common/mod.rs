@@ -55,8 +55,16 @@ impl Drop for Cluster {
 pub fn free_tcp() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
 }
+/// A UDP port whose TCP twin is free too: a daemon's peer endpoint binds both (QUIC on UDP,
+/// the TCP transport on the same port number).
 pub fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    for _ in 0..64 {
+        let a = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        if TcpListener::bind(a).is_ok() {
+            return a;
+        }
+    }
+    panic!("no port free for both UDP and TCP after 64 tries");
 }
 
 pub fn spawn(log: &Path, args: &[&str]) -> Child {
@@ -70,16 +78,45 @@ pub fn spawn(log: &Path, args: &[&str]) -> Child {
 }
 
 pub fn wait_file(p: &Path, what: &str, procs: &mut [(String, Child)]) {
+    if let Err(e) = wait_ready(p, what, procs) {
+        panic!("{}", e.0);
+    }
+}
+
+/// Why a cluster did not start, and whether starting it again (on new ports) can help.
+struct StartError(String, bool);
+
+/// Waits for `p` to appear; fails when one of `procs` exits first (retryable when its log,
+/// `<name>.log` next to `p`'s directory's, says a port it was given was taken meanwhile: the
+/// free ports are picked before the processes bind them).
+fn wait_ready(p: &Path, what: &str, procs: &mut [(String, Child)]) -> Result<(), StartError> {
     let t = Instant::now();
     while !p.exists() {
         for (name, c) in procs.iter_mut() {
             if let Ok(Some(s)) = c.try_wait() {
-                panic!("{name} exited ({s}) while waiting for {what}");
+                let logs = p.parent().and_then(Path::parent).map(port_taken).unwrap_or(false);
+                return Err(StartError(format!("{name} exited ({s}) while waiting for {what}"), logs));
             }
         }
         assert!(t.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
         std::thread::sleep(Duration::from_millis(50));
     }
+    Ok(())
+}
+
+fn kill_all(procs: &mut [(String, Child)]) {
+    for (_, c) in procs.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Whether any region's daemon log under `root` reports an address already in use.
+fn port_taken(root: &Path) -> bool {
+    NAMES.iter().any(|n| {
+        std::fs::read_to_string(root.join(n).join("daemon.log"))
+            .is_ok_and(|l| l.contains("in use") || l.contains("os error 98"))
+    })
 }
 
 /// The engine flags every test uses (the e2e model: 2 layers, 1 KiB of KV per token).
@@ -117,7 +154,23 @@ impl Cluster {
     }
 
     /// One region per spec (at most three: A, B, C), every region a peer of every other.
+    /// Started again on new ports (at most three times) when a daemon found a port it was
+    /// given taken by the time it bound it.
     pub fn start_regions(specs: &[RegionSpec]) -> Self {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::try_start_regions(specs) {
+                Ok(c) => return c,
+                Err(StartError(e, true)) if tries < 3 => {
+                    eprintln!("cluster start failed ({e}): a port was taken; again")
+                }
+                Err(StartError(e, _)) => panic!("{e}"),
+            }
+        }
+    }
+
+    fn try_start_regions(specs: &[RegionSpec]) -> Result<Self, StartError> {
         let n = specs.len();
         assert!((2..=NAMES.len()).contains(&n), "{n} regions");
         let root = tempfile::Builder::new().prefix("kvferry-it-").tempdir().unwrap();
@@ -165,7 +218,10 @@ impl Cluster {
         }
         for (i, name) in NAMES.into_iter().take(n).enumerate() {
             let dir = root.path().join(name);
-            wait_file(&dir.join("engine.sock"), "daemon", &mut procs);
+            if let Err(e) = wait_ready(&dir.join("engine.sock"), "daemon", &mut procs) {
+                kill_all(&mut procs);
+                return Err(e);
+            }
             if specs[i].no_engine {
                 continue;
             }
@@ -191,11 +247,14 @@ impl Cluster {
             engine_args[i] = Some(args.iter().map(|a| a.to_string()).collect());
         }
         for (i, name) in NAMES.into_iter().take(n).enumerate() {
-            if !specs[i].no_engine {
-                wait_file(&root.path().join(name).join("ctl.sock"), "engine", &mut procs);
+            if !specs[i].no_engine
+                && let Err(e) = wait_ready(&root.path().join(name).join("ctl.sock"), "engine", &mut procs)
+            {
+                kill_all(&mut procs);
+                return Err(e);
             }
         }
-        Self { root, procs, grpc, http, engine_args }
+        Ok(Self { root, procs, grpc, http, engine_args })
     }
 
     pub async fn router(&self, i: usize) -> MigrationClient<Channel> {
