@@ -86,7 +86,7 @@ pub fn wait_file(p: &Path, what: &str, procs: &mut [(String, Child)]) {
 /// Why a cluster did not start, and whether starting it again (on new ports) can help.
 struct StartError(String, bool);
 
-/// Waits for `p` to appear; fails when one of `procs` exits first (retryable when its log,
+/// Waits for `p` to appear (at most 120 s); fails when one of `procs` exits first (retryable when its log,
 /// `<name>.log` next to `p`'s directory's, says a port it was given was taken meanwhile: the
 /// free ports are picked before the processes bind them).
 fn wait_ready(p: &Path, what: &str, procs: &mut [(String, Child)]) -> Result<(), StartError> {
@@ -98,7 +98,9 @@ fn wait_ready(p: &Path, what: &str, procs: &mut [(String, Child)]) -> Result<(),
                 return Err(StartError(format!("{name} exited ({s}) while waiting for {what}"), logs));
             }
         }
-        assert!(t.elapsed() < Duration::from_secs(120), "timed out waiting for {what}");
+        if t.elapsed() >= Duration::from_secs(120) {
+            return Err(StartError(format!("timed out waiting for {what}"), false));
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     Ok(())
@@ -155,7 +157,9 @@ impl Cluster {
 
     /// One region per spec (at most three: A, B, C), every region a peer of every other.
     /// Started again on new ports (at most three times) when a daemon found a port it was
-    /// given taken by the time it bound it.
+    /// given taken by the time it bound it. A start that fails kills what it had started
+    /// before it panics (a `Child` dropped is not killed: a failed start used to leave its
+    /// daemons running after the test binary exited).
     pub fn start_regions(specs: &[RegionSpec]) -> Self {
         let mut tries = 0;
         loop {
