@@ -32,10 +32,7 @@ fn per_gib(min: Duration, bytes: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid timespec for the duration of the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    kvferry_baselines::cpu_seconds(libc::RUSAGE_THREAD)
 }
 
 /// Measures the three ceilings, `min` of work each (0.3 s is enough for ±2 %).
