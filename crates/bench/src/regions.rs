@@ -90,6 +90,9 @@ pub struct RegionOptions {
     pub streams: u32,
     /// `[limits] landing_zone_bytes`.
     pub landing_bytes: u64,
+    /// `[limits] landing_prefault`; [`Regions::start`] then waits until both zones are faulted
+    /// in, so no measurement pays for (or runs beside) it.
+    pub landing_prefault: bool,
     /// `Some`: real vLLM servers with KvferryConnector instead of reference engines.
     pub vllm: Option<crate::vllm::VllmOptions>,
 }
@@ -142,6 +145,7 @@ fn config(me: &Region, other: &Region, dev_dir: &Path, o: &RegionOptions) -> Str
     cfg.tls.dev_dir = dev_dir.to_owned();
     cfg.limits.staging_bytes = 256 << 20;
     cfg.limits.landing_zone_bytes = o.landing_bytes;
+    cfg.limits.landing_prefault = o.landing_prefault;
     cfg.limits.default_deadline_ms = 900_000;
     (cfg.transfer.congestion, cfg.transfer.streams) = (o.congestion, o.streams);
     cfg.to_toml()
@@ -280,7 +284,38 @@ impl Regions {
             let name = me.region(side).name;
             me.wait(&format!("engine in {name}"), deadline, || ctl.exists()).await?;
         }
+        if o.landing_prefault {
+            me.wait_prefaulted(o.landing_bytes, deadline).await?;
+        }
         Ok(me)
+    }
+
+    /// Waits until each daemon's landing zone holds (nearly) its capacity in spare buffers:
+    /// the engines registered, so the daemons are faulting the zones in.
+    async fn wait_prefaulted(&mut self, capacity: u64, deadline: Instant) -> anyhow::Result<()> {
+        const SPARE: &str = "kvferry_landing_zone_bytes{state=\"spare\"}";
+        for side in [Side::A, Side::B] {
+            let (mut last, mut stable) = (-1.0, 0);
+            loop {
+                let spare = self.metric(side, SPARE).await.unwrap_or(0.0);
+                // Full to within a block, or no longer growing for 2 s (a block size that does
+                // not divide the capacity, or room held by something else).
+                stable = if spare > 0.0 && spare == last { stable + 1 } else { 0 };
+                if spare >= 0.95 * capacity as f64 || stable >= 4 {
+                    break;
+                }
+                last = spare;
+                self.check_alive()?;
+                if Instant::now() > deadline {
+                    bail!(
+                        "timed out waiting for {}'s landing zone to fault in ({spare} bytes)",
+                        self.region(side).name
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        Ok(())
     }
 
     /// The region on `side`.
@@ -420,6 +455,7 @@ mod tests {
             congestion: kvferry_peer::Congestion::NewReno,
             streams: 8,
             landing_bytes: 1 << 30,
+            landing_prefault: true,
             vllm: None,
         };
         let cfg = kvferry_daemon::Config::parse(&config(&a, &b, Path::new("/tmp/dev"), &o)).unwrap();

@@ -331,6 +331,10 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             congestion,
             streams: a.streams,
             landing_bytes: (max_session + max_session / 2).max(512 * MIB),
+            // A daemon that has run a while lands in memory it already faulted in; a fresh
+            // one would pay ~0.5 s/GiB (2.4 s/GiB for memory this VM never touched) in the
+            // first fetches' CPU figures (`bench/results/cpu-profile-2026-12-03/`).
+            landing_prefault: true,
             vllm: vllm.clone(),
         };
         let t_start = Instant::now();

@@ -417,30 +417,40 @@ impl ChunkSource for LandedSource {
 }
 
 /// Assembles a fetch's verified chunks into block buffers (invisible until committed).
+/// Buffers come from the landing zone (a spare if it has one); a sink dropped without
+/// [`LandingSink::into_blocks`] (the fetch failed or was cancelled) gives them back.
 #[derive(Debug)]
 pub struct LandingSink {
     shape: BlockShape,
+    zone: Arc<LandingZone>,
     blocks: Mutex<Vec<Vec<u8>>>,
     pub landed_bytes: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl LandingSink {
-    /// Room for `n` blocks of `shape`. A block's buffer is allocated when the first chunk
-    /// that covers it lands, not here: zero-filling (and faulting in) a whole fetch's buffers
+    /// Room for `n` blocks of `shape`. A block's buffer is taken when the first chunk that
+    /// covers it lands, not here: zero-filling (and faulting in) a whole fetch's buffers
     /// before its request went out cost 161 ms for 256 MiB on this host — three round trips
-    /// at 50 ms before a byte moved, and ~1.3 s at 2 GiB. Allocated as it lands, the cost is
+    /// at 50 ms before a byte moved, and ~1.3 s at 2 GiB. Taken as it lands, the cost is
     /// spread over the transfer, beside the network.
-    pub fn new(shape: BlockShape, n: usize) -> Self {
-        Self { shape, blocks: Mutex::new(vec![Vec::new(); n]), landed_bytes: Default::default() }
+    pub fn new(shape: BlockShape, zone: Arc<LandingZone>, n: usize) -> Self {
+        Self { shape, zone, blocks: Mutex::new(vec![Vec::new(); n]), landed_bytes: Default::default() }
     }
 
     /// The assembled blocks (call only after the fetch returned `Ok`, when every block was
     /// landed; a block no chunk covered would come back zeroed, never short).
     pub fn into_blocks(self) -> Vec<Vec<u8>> {
-        let bytes = self.shape.block_bytes() as usize;
-        let mut blocks = self.blocks.into_inner().unwrap_or_else(|p| p.into_inner());
-        allocate(&mut blocks, 0..usize::MAX, bytes);
+        let mut blocks = std::mem::take(&mut *self.blocks.locked());
+        allocate(&self.zone, &mut blocks, 0..usize::MAX, self.shape.block_bytes() as usize);
         blocks
+    }
+}
+
+impl Drop for LandingSink {
+    fn drop(&mut self) {
+        for b in std::mem::take(&mut *self.blocks.locked()) {
+            self.zone.give_back(b);
+        }
     }
 }
 
@@ -449,7 +459,7 @@ impl ChunkSink for LandingSink {
         Box::pin(async move {
             let mut blocks = self.blocks.locked();
             let range = spec.blocks.0 as usize..spec.blocks.1 as usize;
-            allocate(&mut blocks, range, self.shape.block_bytes() as usize);
+            allocate(&self.zone, &mut blocks, range, self.shape.block_bytes() as usize);
             self.shape
                 .scatter(&spec, payload, &mut blocks)
                 .map_err(|detail| ChunkError::Mismatch { chunk: spec.id, detail })?;
@@ -459,12 +469,12 @@ impl ChunkSink for LandingSink {
     }
 }
 
-/// Gives each not yet allocated block of `range` (clamped to `blocks`) its zeroed buffer.
-fn allocate(blocks: &mut [Vec<u8>], range: std::ops::Range<usize>, bytes: usize) {
+/// Gives each block of `range` (clamped to `blocks`) without a buffer its zeroed one.
+fn allocate(zone: &LandingZone, blocks: &mut [Vec<u8>], range: std::ops::Range<usize>, bytes: usize) {
     let end = range.end.min(blocks.len());
     for b in blocks.iter_mut().take(end).skip(range.start) {
         if b.is_empty() {
-            *b = vec![0u8; bytes];
+            *b = zone.buffer(bytes);
         }
     }
 }
@@ -756,7 +766,7 @@ mod tests {
         // what a requester's landing sink assembles from the served chunk is the blocks again
         let spec = chunk(&e, (0, 2));
         let bytes = served.source.read(spec).await.unwrap();
-        let sink = LandingSink::new(shape.clone(), 2);
+        let sink = LandingSink::new(shape.clone(), cat.landing.clone(), 2);
         sink.land(spec, (*bytes).as_ref()).await.unwrap();
         assert_eq!(sink.landed_bytes.load(std::sync::atomic::Ordering::Relaxed), 2 * n as u64);
         assert_eq!(sink.into_blocks(), blocks);
@@ -766,7 +776,7 @@ mod tests {
     async fn a_chunk_that_does_not_fit_the_sink_is_a_typed_mismatch() {
         let e = engine();
         let shape = BlockShape::of(&e.layout).unwrap();
-        let sink = LandingSink::new(shape, 2);
+        let sink = LandingSink::new(shape, LandingZone::new(1 << 20), 2);
         let spec = chunk(&e, (0, 2));
         let err = sink.land(spec, &[0; 3]).await.unwrap_err();
         assert!(matches!(err, ChunkError::Mismatch { chunk: 0, .. }), "{err}");

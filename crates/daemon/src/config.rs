@@ -297,6 +297,10 @@ pub struct Limits {
     pub staging_bytes: u64,
     /// Bytes of fetched blocks held until engines load them.
     pub landing_zone_bytes: u64,
+    /// Fault in the landing zone's free capacity as block buffers when an engine registers
+    /// (in the background), so that fetches land in memory already mapped: the daemon's
+    /// resident memory then reaches `landing_zone_bytes` at once instead of as it fills.
+    pub landing_prefault: bool,
     /// Largest token list a request may carry.
     pub max_tokens: u64,
     /// Concurrent MigrateSession calls.
@@ -498,6 +502,7 @@ impl Default for Limits {
         Self {
             staging_bytes: 256 << 20,
             landing_zone_bytes: 1 << 30,
+            landing_prefault: false,
             max_tokens: 1 << 20,
             max_concurrent_migrations: 64,
             default_deadline_ms: 30_000,

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::Shared;
+use crate::blockbuf::BlockShape;
 use crate::error::{DaemonError, Origin};
 use crate::registry::{EngineEntry, EngineLoad, Profile};
 use kvferry_pool::sync::LockExt;
@@ -306,6 +307,16 @@ impl Engine for EngineService {
         }
         let fingerprint = layout.fingerprint(&r.model_id);
         let digest = fingerprint.digest_bytes();
+        if self.shared.config.limits.landing_prefault {
+            let shape = BlockShape::of(&layout).map_err(DaemonError::internal)?;
+            let (zone, engine) = (self.shared.landing.clone(), r.engine_id.clone());
+            tokio::task::spawn_blocking(move || {
+                let t0 = Instant::now();
+                let added = zone.prefault(shape.block_bytes() as usize);
+                tracing::info!(engine = ?engine, bytes = added, seconds = t0.elapsed().as_secs_f64(),
+                    "landing zone prefaulted for this engine's block size");
+            });
+        }
         let lease_id = format!("{:032x}", rand::random::<u128>());
         let entry = Arc::new(EngineEntry {
             engine_id: r.engine_id.clone(),

@@ -553,7 +553,7 @@ async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
     let hashes = p.hashes[from..end].to_vec();
     let total = shape.block_bytes() * hashes.len() as u64;
     let reservation = shared.landing.reserve(total).map_err(|e| DaemonError::exhausted(e.to_string()))?;
-    let sink = Arc::new(LandingSink::new(shape.clone(), hashes.len()));
+    let sink = Arc::new(LandingSink::new(shape.clone(), shared.landing.clone(), hashes.len()));
     let spec = FetchSpec {
         tenant: p.tenant.clone(),
         fingerprint: p.engine.digest,

@@ -158,7 +158,8 @@ impl http::Routes for HttpRoutes {
             })
             .collect();
         let (serve, fetch) = s.node.staging_high_water();
-        let mut out = s.metrics.render(&links, s.landing.occupancy());
+        let (used, reserved, cap) = s.landing.occupancy();
+        let mut out = s.metrics.render(&links, (used, reserved, cap, s.landing.spare_bytes()));
         out.push_str(&format!(
             "# HELP kvferry_staging_high_water_bytes Most staging memory in use at once, per direction.\n# TYPE kvferry_staging_high_water_bytes gauge\nkvferry_staging_high_water_bytes{{direction=\"serve\"}} {serve}\nkvferry_staging_high_water_bytes{{direction=\"fetch\"}} {fetch}\nkvferry_staging_bound_bytes {}\n",
             s.node.staging_bound()

@@ -93,7 +93,7 @@ impl Metrics {
     }
 
     /// Renders the exposition text; `extra` appends per-peer and landing-zone gauges.
-    pub fn render(&self, links: &[(String, f64, f64, f64)], landing: (u64, u64, u64)) -> String {
+    pub fn render(&self, links: &[(String, f64, f64, f64)], landing: (u64, u64, u64, u64)) -> String {
         let mut o = String::new();
         let mut counter = |name: &str, help: &str, labels: &[(&str, u64)]| {
             let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -233,10 +233,10 @@ impl Metrics {
         for (p, _, _, e) in links {
             let _ = writeln!(o, "kvferry_peer_prediction_error{{peer=\"{p}\"}} {e}");
         }
-        let (used, reserved, cap) = landing;
+        let (used, reserved, cap, spare) = landing;
         let _ = writeln!(
             o,
-            "# HELP kvferry_landing_zone_bytes Landing zone occupancy.\n# TYPE kvferry_landing_zone_bytes gauge\nkvferry_landing_zone_bytes{{state=\"used\"}} {used}\nkvferry_landing_zone_bytes{{state=\"reserved\"}} {reserved}\nkvferry_landing_zone_bytes{{state=\"capacity\"}} {cap}"
+            "# HELP kvferry_landing_zone_bytes Landing zone occupancy (spare: idle buffers kept for the next fetches).\n# TYPE kvferry_landing_zone_bytes gauge\nkvferry_landing_zone_bytes{{state=\"used\"}} {used}\nkvferry_landing_zone_bytes{{state=\"reserved\"}} {reserved}\nkvferry_landing_zone_bytes{{state=\"capacity\"}} {cap}\nkvferry_landing_zone_bytes{{state=\"spare\"}} {spare}"
         );
         o
     }
