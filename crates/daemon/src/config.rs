@@ -420,6 +420,11 @@ pub struct PolicyDefaults {
     pub hedge_band_z: f64,
     /// Smallest expected relative gain of a hedge over the better pure action.
     pub hedge_min_gain: f64,
+    /// Smallest expected absolute gain of a hedge over the better pure action, in ms: a hedge
+    /// has fixed costs its relative interference does not carry (a second leg started and
+    /// cancelled, both legs' first CPU burst on shared cores); every hedge of a ~60 ms prefix
+    /// in the bench of 2026-12-03 lost by 2–18 ms. At most 10 000.
+    pub hedge_min_gain_ms: f64,
     /// Cost cap: the most target-compute seconds a hedge may be expected to waste on a
     /// recompute that loses, in ms (0: no cap).
     pub hedge_max_wasted_compute_ms: f64,
@@ -545,6 +550,7 @@ impl Default for PolicyDefaults {
             hedge: HedgeMode::OnRequest,
             hedge_band_z: 1.0,
             hedge_min_gain: 0.02,
+            hedge_min_gain_ms: 10.0,
             hedge_max_wasted_compute_ms: 0.0,
             hedge_interference: 0.0,
             split_interference: 0.0,
@@ -769,6 +775,9 @@ impl Config {
         if !(0.0..1.0).contains(&p.hedge_min_gain) {
             return Err(invalid("policy.hedge_min_gain", "must be in [0, 1)"));
         }
+        if !(0.0..=10_000.0).contains(&p.hedge_min_gain_ms) {
+            return Err(invalid("policy.hedge_min_gain_ms", "must be in [0, 10000]"));
+        }
         if !(p.hedge_max_wasted_compute_ms.is_finite() && p.hedge_max_wasted_compute_ms >= 0.0) {
             return Err(invalid("policy.hedge_max_wasted_compute_ms", "must be >= 0"));
         }
@@ -885,6 +894,8 @@ mod tests {
             ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = \"t\"", "tenants"),
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
+            ("[policy]\nhedge_min_gain_ms = -1", "policy.hedge_min_gain_ms"),
+            ("[policy]\nhedge_min_gain_ms = nan", "policy.hedge_min_gain_ms"),
             ("[policy]\nhedge_band_z = -1", "policy.hedge_band_z"),
             ("[policy]\nhedge_interference = -0.5", "policy.hedge_interference"),
             ("[policy]\nhedge_interference = 4.5", "policy.hedge_interference"),

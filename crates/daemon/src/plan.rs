@@ -147,6 +147,7 @@ fn hedge_policy_of(shared: &Shared, r: &MigrateSessionRequest, engine_id: &str) 
         fetch_interference: interference,
         recompute_interference: interference,
         min_gain: c.hedge_min_gain,
+        min_gain_s: c.hedge_min_gain_ms / 1000.0,
         max_wasted_compute_s: (c.hedge_max_wasted_compute_ms > 0.0)
             .then(|| c.hedge_max_wasted_compute_ms / 1000.0),
     }

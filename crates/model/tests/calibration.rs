@@ -336,6 +336,7 @@ fn the_hedge_matches_a_simulation() {
             fetch_interference: ifet,
             recompute_interference: irec,
             min_gain: 0.0,
+            min_gain_s: 0.0,
             max_wasted_compute_s: None,
         };
         let d = hedge(&f, &r, &policy).unwrap();
@@ -403,13 +404,22 @@ fn arb_prediction() -> impl Strategy<Value = Prediction> {
 }
 
 fn arb_policy() -> impl Strategy<Value = HedgePolicy> {
-    (any::<bool>(), 0.0..4.0f64, 0.0..2.0f64, 0.0..2.0f64, 0.0..0.5f64, prop::option::of(0.0..50.0f64))
-        .prop_map(|(allow, band_z, fi, ri, min_gain, cap)| HedgePolicy {
+    (
+        any::<bool>(),
+        0.0..4.0f64,
+        0.0..2.0f64,
+        0.0..2.0f64,
+        0.0..0.5f64,
+        prop::option::of(0.0..50.0f64),
+        prop_oneof![Just(0.0), 0.0..5.0f64],
+    )
+        .prop_map(|(allow, band_z, fi, ri, min_gain, cap, min_gain_s)| HedgePolicy {
             allow,
             band_z,
             fetch_interference: fi,
             recompute_interference: ri,
             min_gain,
+            min_gain_s,
             max_wasted_compute_s: cap,
         })
 }
@@ -480,6 +490,7 @@ proptest! {
             HedgeChoice::Hedge => {
                 prop_assert!(policy.allow);
                 prop_assert!(d.hedge_s <= best * (1.0 - policy.min_gain) * (1.0 + 1e-12));
+                prop_assert!(best - d.hedge_s >= policy.min_gain_s, "{d:?} {policy:?}");
                 let z = policy.band_z;
                 prop_assert!(f.seconds - z * f.sd_s() <= r.seconds + z * r.sd_s());
                 prop_assert!(r.seconds - z * r.sd_s() <= f.seconds + z * f.sd_s());

@@ -22,7 +22,10 @@
 //!
 //! [`hedge`] hedges only when (1) the policy allows it, (2) the two bands `μ ± z·σ` overlap —
 //! the crossover lies inside the uncertainty — (3) the hedge's expected time beats the better
-//! pure action's by at least the policy's minimum gain, and (4) its expected wasted compute is
+//! pure action's by at least the policy's minimum gain — relative, and absolute: a hedge has
+//! fixed costs the multiplicative interference does not carry (a second leg started, the
+//! engine told to cancel, both legs' first CPU burst on shared cores), and every hedge of
+//! a ~60 ms prefix in the bench of 2026-12-03 lost by 2–18 ms — and (4) its expected wasted compute is
 //! within the cap. Condition (3) makes it never worse than the better pure action in
 //! expectation under the model; without interference it never is anyway (`min(F, R) ≤ F, R`).
 //!
@@ -50,6 +53,9 @@ pub struct HedgePolicy {
     pub recompute_interference: f64,
     /// Smallest relative gain over the better pure action, in [0, 1).
     pub min_gain: f64,
+    /// Smallest absolute gain over the better pure action, seconds.
+    #[serde(default)]
+    pub min_gain_s: f64,
     /// Cost cap: the most target-compute seconds a hedge may be expected to waste on a
     /// recompute that loses. `None`: no cap.
     pub max_wasted_compute_s: Option<f64>,
@@ -63,6 +69,7 @@ impl Default for HedgePolicy {
             fetch_interference: 0.0,
             recompute_interference: 0.0,
             min_gain: 0.02,
+            min_gain_s: 0.0,
             max_wasted_compute_s: None,
         }
     }
@@ -77,6 +84,7 @@ impl HedgePolicy {
         if self.min_gain > 0.0 {
             fraction("hedge.min_gain", self.min_gain)?;
         }
+        non_negative("hedge.min_gain_s", self.min_gain_s)?;
         if let Some(cap) = self.max_wasted_compute_s {
             non_negative("hedge.max_wasted_compute_s", cap)?;
         }
@@ -105,7 +113,13 @@ pub enum HedgeReason {
     /// The bands do not overlap: the better pure action is clear.
     Clear { fetch_s: f64, recompute_s: f64, band_z: f64 },
     /// The hedge would not beat the better pure action by the minimum gain (interference).
-    NoGain { hedge_s: f64, best_pure_s: f64, min_gain: f64 },
+    NoGain {
+        hedge_s: f64,
+        best_pure_s: f64,
+        min_gain: f64,
+        #[serde(default)]
+        min_gain_s: f64,
+    },
     /// The hedge's expected wasted compute exceeds the cap.
     CostCap { wasted_compute_s: f64, cap: f64 },
     /// The bands straddle the crossover and the hedge is expected faster.
@@ -122,12 +136,13 @@ impl fmt::Display for HedgeReason {
                 fetch_s * 1e3,
                 recompute_s * 1e3
             ),
-            HedgeReason::NoGain { hedge_s, best_pure_s, min_gain } => write!(
+            HedgeReason::NoGain { hedge_s, best_pure_s, min_gain, min_gain_s } => write!(
                 f,
-                "a hedge is expected to take {:.2} ms vs {:.2} ms for the better pure action (needs {:.1}% gain)",
+                "a hedge is expected to take {:.2} ms vs {:.2} ms for the better pure action (needs {:.1}% and {:.1} ms gain)",
                 hedge_s * 1e3,
                 best_pure_s * 1e3,
-                min_gain * 100.0
+                min_gain * 100.0,
+                min_gain_s * 1e3
             ),
             HedgeReason::CostCap { wasted_compute_s, cap } => write!(
                 f,
@@ -201,8 +216,15 @@ pub fn hedge(
         HedgeReason::Disabled
     } else if !overlap {
         HedgeReason::Clear { fetch_s: mf, recompute_s: mr, band_z: z }
-    } else if race.expected_min > best_pure_s * (1.0 - policy.min_gain) {
-        HedgeReason::NoGain { hedge_s: race.expected_min, best_pure_s, min_gain: policy.min_gain }
+    } else if race.expected_min > best_pure_s * (1.0 - policy.min_gain)
+        || best_pure_s - race.expected_min < policy.min_gain_s
+    {
+        HedgeReason::NoGain {
+            hedge_s: race.expected_min,
+            best_pure_s,
+            min_gain: policy.min_gain,
+            min_gain_s: policy.min_gain_s,
+        }
     } else if let Some(cap) = policy.max_wasted_compute_s.filter(|&cap| race.first_wins_time > cap) {
         HedgeReason::CostCap { wasted_compute_s: race.first_wins_time, cap }
     } else {
@@ -350,6 +372,26 @@ mod tests {
         let d = hedge(&pred(1.0, 0.2), &pred(1.0, 0.2), &capped).unwrap();
         assert!(matches!(d.reason, HedgeReason::CostCap { .. }), "{d:?}");
         assert!(d.reason.to_string().contains("cap"));
+    }
+
+    #[test]
+    fn a_hedge_must_also_gain_the_absolute_floor() {
+        // 60 ms against 72 ms, wide bands: a hedge is expected some milliseconds faster.
+        let (f, r) = (pred(0.072, 0.012), pred(0.060, 0.010));
+        let d = hedge(&f, &r, &allowed()).unwrap();
+        assert_eq!(d.choice, HedgeChoice::Hedge, "{d:?}");
+        let gain = 0.060 - d.hedge_s;
+        assert!(gain > 0.0 && gain < 0.010, "{gain}");
+        let floor = HedgePolicy { min_gain_s: 0.010, ..allowed() };
+        let d = hedge(&f, &r, &floor).unwrap();
+        assert!(matches!(d.reason, HedgeReason::NoGain { min_gain_s, .. } if min_gain_s == 0.010), "{d:?}");
+        assert_eq!((d.choice, d.expected_s), (HedgeChoice::Recompute, 0.060));
+        assert!(d.reason.to_string().contains("10.0 ms gain"), "{}", d.reason);
+        // Seconds-long legs with the same relative overlap clear a 10 ms floor.
+        let d = hedge(&pred(7.2, 1.2), &pred(6.0, 1.0), &floor).unwrap();
+        assert_eq!(d.choice, HedgeChoice::Hedge, "{d:?}");
+        let bad = HedgePolicy { min_gain_s: -1.0, ..allowed() };
+        assert!(hedge(&f, &r, &bad).is_err());
     }
 
     #[test]
