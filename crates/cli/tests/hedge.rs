@@ -30,7 +30,7 @@ use kvferry_proto::v1::{Action, GetLinksRequest, PolicyMode};
 fn hedging_b(c: &mut kvferry_daemon::Config) {
     use kvferry_daemon::config::HedgeMode;
     c.policy.hedge = HedgeMode::Always;
-    (c.policy.hedge_band_z, c.policy.hedge_min_gain) = (1e6, 0.0);
+    (c.policy.hedge_band_z, c.policy.hedge_min_gain, c.policy.hedge_min_gain_ms) = (1e6, 0.0, 0.0);
     // Small chunks, so that A's egress cap paces the transfer (its burst is a chunk).
     c.transfer.chunk_bytes = 65_536;
 }
