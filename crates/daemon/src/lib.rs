@@ -167,6 +167,11 @@ impl http::Routes for HttpRoutes {
         out.push_str("# HELP kvferry_connections_open Open connections per listener.\n# TYPE kvferry_connections_open gauge\n# HELP kvferry_connections_closed_total Connections the listener's bounds closed, by reason.\n# TYPE kvferry_connections_closed_total counter\n");
         out.push_str(&s.router_conns.render());
         out.push_str(&s.engine_conns.render());
+        // The TCP peer listener's cap on connections still in their TLS handshake.
+        out.push_str(&format!(
+            "kvferry_connections_closed_total{{listener=\"peer-tcp\",reason=\"evicted\"}} {}\n",
+            s.node.tcp_pending_evicted()
+        ));
         out.push_str(&format!(
             "# HELP kvferry_shm_pool_offers_pending Shm pools handed over pool.sock, not yet claimed by RegisterPool.\n# TYPE kvferry_shm_pool_offers_pending gauge\nkvferry_shm_pool_offers_pending {}\n",
             s.registry.pending_pools()

@@ -24,5 +24,6 @@ pub use pool_io::{FlatChunks, PoolChunks, flat_span};
 pub use probe::{MAX_PROBE_BYTES, ProbeReceipt};
 pub use query::Holdings;
 pub use requester::{FetchReceipt, FetchSpec};
+pub use tcp::MAX_PENDING as MAX_PENDING_TCP;
 pub use tls::{DevPki, PeerSide, RegionId, TlsIdentity, TrustPolicy};
 pub use transport::{Congestion, LinkTuning};

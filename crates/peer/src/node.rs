@@ -317,6 +317,12 @@ impl PeerNode {
         self.tcp.local
     }
 
+    /// TCP connections closed in their unauthenticated phase (TLS handshake and preamble)
+    /// because more than [`MAX_PENDING_TCP`](crate::MAX_PENDING_TCP) were in it at once.
+    pub fn tcp_pending_evicted(&self) -> u64 {
+        crate::tcp::evicted_pending(self)
+    }
+
     /// Sets the transport toward `peer` (the configured default otherwise).
     pub fn set_transport(&self, peer: &RegionId, choice: TransportChoice) {
         self.choices.locked().insert(peer.clone(), choice);

@@ -207,6 +207,8 @@ pub(crate) struct TcpState {
     pub(crate) rendezvous: Rendezvous,
     /// The acceptor for the credentials of reload number `.0`.
     acceptor: Mutex<(u64, TlsAcceptor)>,
+    /// Accepted connections not yet authenticated.
+    pub(crate) pending: Mutex<Pending>,
 }
 
 impl TcpState {
@@ -319,6 +321,7 @@ impl TcpState {
             live: Mutex::new(HashMap::new()),
             rendezvous: Rendezvous::default(),
             acceptor: Mutex::new((0, node_acceptor)),
+            pending: Mutex::new(Pending::default()),
         }
     }
 }
@@ -429,12 +432,48 @@ impl PeerNode {
     }
 }
 
+/// At most this many accepted TCP connections may be in their unauthenticated phase (TLS
+/// handshake and preamble, each bounded by [`SETUP_BOUND`]) at once; a new one beyond it
+/// closes the one that has waited longest, so a flood of silent connections neither grows
+/// without bound nor locks a real peer out for longer than the flood outpaces its handshake.
+pub const MAX_PENDING: usize = 64;
+
+/// The connections in their unauthenticated phase, oldest first, each with the sender that
+/// ends it.
+#[derive(Default)]
+pub(crate) struct Pending {
+    next: u64,
+    by_age: std::collections::BTreeMap<u64, tokio::sync::oneshot::Sender<()>>,
+    evicted: u64,
+}
+
+impl Pending {
+    /// Admits a new connection, evicting the oldest beyond `cap`; returns its id and the
+    /// receiver that fires if it is evicted.
+    fn admit(&mut self, cap: usize) -> (u64, tokio::sync::oneshot::Receiver<()>) {
+        while self.by_age.len() >= cap.max(1) {
+            let Some((_, oldest)) = self.by_age.pop_first() else { break };
+            let _ = oldest.send(());
+            self.evicted += 1;
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.next += 1;
+        self.by_age.insert(self.next, tx);
+        (self.next, rx)
+    }
+
+    fn done(&mut self, id: u64) {
+        self.by_age.remove(&id);
+    }
+}
+
 /// Accepts TCP connections for as long as the node lives.
 pub(crate) async fn accept_loop(node: Arc<PeerNode>, listener: TcpListener) {
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(serve_connection(node.clone(), stream));
+                let (id, evicted) = node.tcp.pending.locked().admit(MAX_PENDING);
+                tokio::spawn(serve_connection(node.clone(), stream, id, evicted));
             }
             Err(e) => {
                 tracing::warn!(error = %e, "accepting a TCP peer connection failed");
@@ -444,41 +483,67 @@ pub(crate) async fn accept_loop(node: Arc<PeerNode>, listener: TcpListener) {
     }
 }
 
-async fn serve_connection(node: Arc<PeerNode>, stream: TcpStream) {
-    if let Err(e) = serve_connection_inner(&node, stream).await {
+async fn serve_connection(
+    node: Arc<PeerNode>,
+    stream: TcpStream,
+    id: u64,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+) {
+    if let Err(e) = serve_connection_inner(&node, stream, id, evicted).await {
         tracing::info!(error = %e, "TCP peer connection ended with an error");
     }
 }
 
-async fn serve_connection_inner(node: &Arc<PeerNode>, stream: TcpStream) -> Result<(), WireError> {
-    let (dup, congestion) = {
-        let r = socket2::SockRef::from(&stream);
-        (r.try_clone().map_err(|e| LocalError::Setup(e.to_string()))?, set_congestion(&r))
-    };
-    let accept = acceptor(node)?.accept(stream).into_fallible();
-    let mut tls = match tokio::time::timeout(SETUP_BOUND, accept).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err((e, mut io))) => {
-            // The alert is queued; close gracefully (FIN after it, and read what the client
-            // already sent) so that a reset does not overtake the alert on its way.
-            let _ = io.shutdown().await;
-            let mut sink = [0u8; 4096];
-            let drain = async { while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {} };
-            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
-            return Err(io_err(&e));
+/// Connections evicted from the unauthenticated phase so far (see [`MAX_PENDING`]).
+pub(crate) fn evicted_pending(node: &PeerNode) -> u64 {
+    node.tcp.pending.locked().evicted
+}
+
+async fn serve_connection_inner(
+    node: &Arc<PeerNode>,
+    stream: TcpStream,
+    id: u64,
+    evicted: tokio::sync::oneshot::Receiver<()>,
+) -> Result<(), WireError> {
+    let setup = async {
+        let (dup, congestion) = {
+            let r = socket2::SockRef::from(&stream);
+            (r.try_clone().map_err(|e| LocalError::Setup(e.to_string()))?, set_congestion(&r))
+        };
+        let accept = acceptor(node)?.accept(stream).into_fallible();
+        let mut tls = match tokio::time::timeout(SETUP_BOUND, accept).await {
+            Ok(Ok(tls)) => tls,
+            Ok(Err((e, mut io))) => {
+                // The alert is queued; close gracefully (FIN after it, and read what the client
+                // already sent) so that a reset does not overtake the alert on its way.
+                let _ = io.shutdown().await;
+                let mut sink = [0u8; 4096];
+                let drain = async { while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {} };
+                let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+                return Err(io_err(&e));
+            }
+            Err(_) => return Err(WireError::Connection("TLS handshake timed out".into())),
+        };
+        let chain = tls.get_ref().1.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
+        let Some(Ok(peer)) = chain.first().map(identity_of) else {
+            return Err(WireError::NotAuthorised("no peer identity".into()));
+        };
+        let mut b = [0u8; PREAMBLE_LEN];
+        match tokio::time::timeout(SETUP_BOUND, tls.read_exact(&mut b)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(io_err(&e)),
+            Err(_) => return Err(WireError::Connection("no preamble".into())),
         }
-        Err(_) => return Err(WireError::Connection("TLS handshake timed out".into())),
+        Ok::<_, WireError>((tls, chain, peer, b, dup, congestion))
     };
-    let chain = tls.get_ref().1.peer_certificates().map(<[_]>::to_vec).unwrap_or_default();
-    let Some(Ok(peer)) = chain.first().map(identity_of) else {
-        return Err(WireError::NotAuthorised("no peer identity".into()));
+    let r = tokio::select! {
+        r = setup => r,
+        Ok(()) = evicted => Err(WireError::Connection(format!(
+            "closed unauthenticated: more than {MAX_PENDING} connections in their handshake"
+        ))),
     };
-    let mut b = [0u8; PREAMBLE_LEN];
-    match tokio::time::timeout(SETUP_BOUND, tls.read_exact(&mut b)).await {
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => return Err(io_err(&e)),
-        Err(_) => return Err(WireError::Connection("no preamble".into())),
-    }
+    node.tcp.pending.locked().done(id);
+    let (tls, chain, peer, b, dup, congestion) = r?;
     let p = Preamble::decode(&b)?;
     let tls = TlsTcp::Server(tls);
     match p.role {

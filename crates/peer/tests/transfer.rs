@@ -708,6 +708,48 @@ async fn auto_falls_back_to_tcp_when_udp_is_blocked() {
     assert_eq!(r.link.transport, Transport::Quic, "{r:?}");
 }
 
+/// A flood of silent TCP connections (no ClientHello) is held to `MAX_PENDING_TCP` in the
+/// unauthenticated phase: each one beyond it closes the connection that has waited longest,
+/// and a real peer that connects during the flood still authenticates and fetches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_silent_tcp_connections_is_capped_and_a_peer_still_fetches() {
+    use tokio::io::AsyncReadExt;
+    let cap = kvferry_peer::MAX_PENDING_TCP;
+    let s = setup(TransportChoice::Tcp, 4, 6, |x| x);
+    let addr = s.owner.tcp_local_addr();
+    let extra = 16;
+    let mut silent = Vec::new();
+    for _ in 0..cap + extra {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // What the listener has closed reads as EOF (or a reset); an open one just waits.
+    async fn closed(c: &mut tokio::net::TcpStream, wait: Duration) -> bool {
+        let mut b = [0u8; 1];
+        matches!(tokio::time::timeout(wait, c.read(&mut b)).await, Ok(Ok(0) | Err(_)))
+    }
+    let t = Instant::now();
+    while s.owner.tcp_pending_evicted() < extra as u64 {
+        assert!(t.elapsed() < Duration::from_secs(5), "evicted {}", s.owner.tcp_pending_evicted());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for c in silent.iter_mut().take(extra) {
+        assert!(closed(c, Duration::from_secs(2)).await, "the oldest are closed");
+    }
+    for c in silent.iter_mut().skip(extra) {
+        assert!(!closed(c, Duration::from_millis(20)).await, "the newest still wait");
+    }
+    // A real peer's control and data connections evict the oldest silent ones in turn.
+    let dst = s.requester("dst", 8 << 20);
+    let r = dst
+        .fetch(&s.src_id(), s.owner.local_addr(), s.spec(Duration::from_secs(20)), s.sink())
+        .await
+        .unwrap();
+    assert_eq!((r.blocks, r.link.transport), (6, Transport::Tcp), "{r:?}");
+    s.assert_identical();
+    assert!(s.owner.tcp_pending_evicted() > extra as u64, "the peer's connections took slots");
+    drop(silent);
+}
+
 // Every case above, over QUIC and over TCP.
 over_both_transports!(
     one_block_lands_byte_identical,
