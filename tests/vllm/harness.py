@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,10 +25,39 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ports the harness hands out (daemons' listeners, vLLM's API server) come from below the
+# kernel's ephemeral range, so nothing that binds port 0 in the meantime (vLLM's
+# torch.distributed store and gloo, the other region's vLLM) can take a port chosen here before
+# its owner binds it. Each is checked free for TCP and UDP and handed out once per run.
+_PORT_LO, _PORT_HI = 20000, 32000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_range() -> range:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(lo), int(hi) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
+def free_port() -> int:
+    """A port free for TCP and UDP on loopback, outside the ephemeral range."""
+    eph = _ephemeral_range()
+    rng = random.Random()
+    for _ in range(2000):
+        p = rng.randrange(_PORT_LO, _PORT_HI)
+        if p in _handed_out or p in eph:
+            continue
+        try:
+            for k in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+                with socket.socket(socket.AF_INET, k) as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        _handed_out.add(p)
+        return p
+    raise RuntimeError(f"no free port in {_PORT_LO}..{_PORT_HI}")
 
 
 def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> dict[str, Any]:
@@ -59,7 +89,7 @@ class Region:
     cpu: str
     peer_name: str = ""
     grpc_port: int = field(default_factory=free_port)
-    peer_port: int = field(default_factory=lambda: free_port(socket.SOCK_DGRAM))
+    peer_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     vllm_port: int = field(default_factory=free_port)
     peer_addr: str = ""
@@ -134,7 +164,15 @@ chunk_bytes = {self.chunk_bytes}
             env=e,
             start_new_session=True,
         )
-        wait_for(lambda: self.sock.exists(), f"daemon {self.name}", 60, [self.daemon])
+        wait_for(self.daemon_ready, f"daemon {self.name}", 60, [self.daemon], [self.dir / "daemon.log"])
+
+    def daemon_ready(self) -> bool:
+        """`/readyz`: every listener bound and serving (engine.sock is bound before the others)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/readyz", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
 
     def kv_transfer_config(self) -> str:
         return json.dumps(
@@ -200,7 +238,13 @@ chunk_bytes = {self.chunk_bytes}
             except (urllib.error.URLError, OSError, ValueError):
                 return False
 
-        wait_for(up, f"vLLM {self.name}", 240, [p for p in (self.vllm, self.daemon) if p])
+        wait_for(
+            up,
+            f"vLLM {self.name}",
+            240,
+            [p for p in (self.vllm, self.daemon) if p],
+            [self.dir / "vllm.log", self.dir / "daemon.log"],
+        )
 
     def complete(self, tokens: list[int], max_tokens: int, tenant: str = "", **kw: Any) -> dict[str, Any]:
         """Greedy completion; returns tokens, cached_tokens and wall seconds."""
@@ -281,14 +325,30 @@ chunk_bytes = {self.chunk_bytes}
             setattr(self, attr, None)
 
 
-def wait_for(cond: Any, what: str, timeout: float, procs: list[subprocess.Popen[bytes]]) -> None:
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"({e})"
+
+
+def wait_for(
+    cond: Any, what: str, timeout: float, procs: list[subprocess.Popen[bytes]], logs: list[Path] | None = None
+) -> None:
+    """Waits for `cond`; fails when a process exits or the time is up, with the end of each
+    log in the error (a CI run keeps only what is printed)."""
+
+    def fail(why: str) -> RuntimeError:
+        tails = "".join(f"\n--- last lines of {p} ---\n{log_tail(p)}" for p in logs or [])
+        return RuntimeError(f"{what}: {why}{tails}")
+
     t = time.time()
     while not cond():
         for p in procs:
             if p.poll() is not None:
-                raise RuntimeError(f"{what}: a process exited ({p.returncode}) while starting")
+                raise fail(f"a process exited ({p.returncode}) while starting")
         if time.time() - t > timeout:
-            raise RuntimeError(f"timed out waiting for {what}")
+            raise fail("timed out")
         time.sleep(0.2)
 
 
