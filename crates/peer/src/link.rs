@@ -160,7 +160,7 @@ impl Link {
             Self::Quic(_) => LinkInfo {
                 transport: Transport::Quic,
                 congestion: if tuning.defaults_only { "cubic" } else { tuning.congestion.name() }.into(),
-                channels: tuning.streams.max(1),
+                channels: tuning.quic_streams(),
                 stripes: 1,
             },
             Self::Tcp(s) => LinkInfo {

@@ -327,7 +327,7 @@ impl DataOpener {
     /// The opener for `link`'s transfer and how many writers it feeds.
     fn of(node: &PeerNode, link: &Link, peer: &RegionId) -> Result<(Self, usize), WireError> {
         match link {
-            Link::Quic(c) => Ok((Self::Quic(c.clone()), node.cfg.tuning.streams.max(1) as usize)),
+            Link::Quic(c) => Ok((Self::Quic(c.clone()), node.cfg.tuning.quic_streams() as usize)),
             Link::Tcp(s) => {
                 let rx =
                     node.tcp.rendezvous.take(s.session, peer).ok_or_else(|| {

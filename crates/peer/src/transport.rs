@@ -56,7 +56,8 @@ pub struct LinkTuning {
     pub bandwidth_bps: f64,
     /// Expected round-trip time.
     pub rtt: Duration,
-    /// Parallel unidirectional streams per transfer.
+    /// Parallel unidirectional streams per transfer, at most (QUIC uses
+    /// [`LinkTuning::quic_streams`] of them; TCP this many data connections).
     pub streams: u32,
     /// Congestion controller.
     pub congestion: Congestion,
@@ -112,6 +113,16 @@ pub const DEFAULT_ACK_ELICITING_THRESHOLD: u32 = 16;
 /// of a 50 ms round trip, in exchange for reading ~85 datagrams per wake-up at 1 Gbit/s.
 pub const DEFAULT_RECV_COALESCE: Duration = Duration::from_millis(1);
 
+/// The payload rate one QUIC data stream is given: a transfer uses one stream per this much
+/// of the link's expected rate, up to `streams`. Measured (`kvferry bench --no-baselines
+/// --no-decisions --streams N`, 256 MiB, 2026-12-03): at 100 Mbit/s × 20 ms one or two
+/// streams reach 94.5 % of the link (three runs) and four 91.0–92.0 % (four runs; every full
+/// bench since 2026-12-01: 90–91 %), with 25–35 % more CPU per GiB on each side; at 1 Gbit/s
+/// one, two and four are within a point of each other (50 ms: 90.0 / 91.3 / 90.2 %; 150 ms:
+/// 88.8 / 88.9 / 88.8 %; 1 GiB × 50 ms: 93.2 % with one, 92.9 % with four) and eight is
+/// worse (85.9 % at 150 ms).
+pub const QUIC_STREAM_BPS: f64 = 250e6;
+
 /// Below this round trip receive coalescing is off: a millisecond would be a visible share.
 pub const MIN_RTT_FOR_COALESCING: Duration = Duration::from_millis(10);
 
@@ -131,9 +142,18 @@ impl LinkTuning {
         (2 * self.bdp_bytes()).clamp(16 * MIB, 1024 * MIB)
     }
 
-    /// Per-stream receive window: the connection window shared by the streams, at least 16 MiB.
+    /// QUIC data streams per transfer: one per [`QUIC_STREAM_BPS`] of the expected rate, at
+    /// least 1, at most `streams` (100 Mbit/s: 1; 1 Gbit/s: 4).
+    pub fn quic_streams(&self) -> u32 {
+        let by_rate = (self.bandwidth_bps / QUIC_STREAM_BPS).ceil();
+        // NaN and negatives give 0 and are lifted to 1; the cast saturates above u32::MAX.
+        (by_rate.min(f64::from(u32::MAX)) as u32).clamp(1, self.streams.max(1))
+    }
+
+    /// Per-stream receive window: the connection window shared by the QUIC streams, at least
+    /// 16 MiB.
     pub fn stream_window(&self) -> u64 {
-        (self.connection_window() / u64::from(self.streams.max(1)))
+        (self.connection_window() / u64::from(self.quic_streams()))
             .max(16 * MIB)
             .min(self.connection_window())
     }
@@ -289,6 +309,32 @@ mod tests {
         assert_eq!(t.initial_window(), 250_000);
         // A thin, short path: never below 64 KiB.
         assert_eq!(LinkTuning { rtt: Duration::from_millis(1), ..t }.initial_window(), 64 << 10);
+    }
+
+    #[test]
+    fn quic_streams_follow_the_rate_up_to_the_setting() {
+        let at = |gbps: f64, streams: u32| {
+            LinkTuning { bandwidth_bps: gbps * 1e9, streams, ..LinkTuning::default() }.quic_streams()
+        };
+        assert_eq!(at(0.1, 4), 1);
+        assert_eq!(at(0.25, 4), 1);
+        assert_eq!(at(0.3, 4), 2);
+        assert_eq!(at(1.0, 4), 4);
+        assert_eq!(at(10.0, 4), 4);
+        assert_eq!(at(10.0, 64), 40);
+        assert_eq!(at(1.0, 1), 1);
+        assert_eq!(at(1.0, 0), 1);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let n = at(bad, 4);
+            assert!((1..=4).contains(&n), "{bad}: {n}");
+        }
+        // Monotone in the rate, never above the setting.
+        let mut last = 0;
+        for mbps in (0..20_000).step_by(50) {
+            let n = at(f64::from(mbps) / 1e3, 8);
+            assert!(n >= last && n <= 8, "{mbps}: {n}");
+            last = n;
+        }
     }
 
     #[test]
