@@ -229,6 +229,30 @@ fn decisions(r: &BenchReport, s: &mut String) {
         }
         let _ = writeln!(s);
     }
+    let bands = crate::stats::band_coverage(&r.decisions);
+    if !bands.is_empty() {
+        let _ = writeln!(s, "### Prediction bands against outcomes\n");
+        let _ = writeln!(
+            s,
+            "| action | n | within 1 sd % | within 2 sd % | median abs(measured - predicted) / sd |"
+        );
+        let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+        for b in &bands {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} |",
+                b.action,
+                b.n,
+                f(b.within_1sd * 100.0, 1),
+                f(b.within_2sd * 100.0, 1),
+                f(b.median_z, 2)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\nA Gaussian band holds 68 % of outcomes within 1 sd and 95 % within 2 (median 0.67 sd).\n"
+        );
+    }
     let _ = writeln!(s, "### Decision quality\n");
     let _ = writeln!(s, "| profile | n | accuracy % | mean regret % | worst regret % |");
     let _ = writeln!(s, "|---|---:|---:|---:|---:|");

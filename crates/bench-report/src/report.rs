@@ -83,6 +83,12 @@ pub struct DecisionPoint {
     pub fetch_samples: u32,
     #[serde(default)]
     pub recompute_samples: u32,
+    /// The sd of one outcome the daemon gave each prediction (`Candidate.sd_s`; 0 in reports
+    /// from before it was recorded, or uncalibrated): its band, judged by [`crate::stats::band_coverage`].
+    #[serde(default)]
+    pub predicted_fetch_sd_s: f64,
+    #[serde(default)]
+    pub predicted_recompute_sd_s: f64,
     /// For `chosen == "hedge"`: the hedged migration's measured wall seconds (a conversation of
     /// its own, executed after the pure fetch and recompute were measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -95,6 +95,8 @@ fn decision(link: &LinkSpec, tokens: u64, noise_fetch: f64, noise_recompute: f64
         modeled_crossover_tokens: crossover(link),
         fetch_samples: 0,
         recompute_samples: 0,
+        predicted_fetch_sd_s: 0.0,
+        predicted_recompute_sd_s: 0.0,
         measured_hedge_s: None,
         hedge_winner: None,
     }

@@ -179,6 +179,47 @@ pub fn error_by_samples(points: &[DecisionPoint]) -> Vec<ErrorBucket> {
     out
 }
 
+/// How well one action's bands describe its outcomes: of the `n` points with a band (sd > 0),
+/// the share whose measurement fell within 1 and 2 sd of the prediction (a Gaussian's: 68 %
+/// and 95 %) and the median |measured − predicted| / sd. Bands much wider than the outcomes'
+/// spread (coverage near 100 %, median z ≪ 0.67) make hedges look cheaper than they are — a
+/// race of two wide Gaussians is expected to end early; bands too narrow hide the crossover.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BandCoverage {
+    pub action: &'static str,
+    pub n: usize,
+    pub within_1sd: f64,
+    pub within_2sd: f64,
+    pub median_z: f64,
+}
+
+/// [`BandCoverage`] of fetch and of recompute (an action without banded points is left out).
+pub fn band_coverage(points: &[DecisionPoint]) -> Vec<BandCoverage> {
+    let mut out = Vec::new();
+    for action in ["fetch", "recompute"] {
+        let mut z: Vec<f64> = points
+            .iter()
+            .filter_map(|p| {
+                let (pred, sd, meas) = match action {
+                    "fetch" => (p.predicted_fetch_s, p.predicted_fetch_sd_s, p.measured_fetch_s),
+                    _ => (p.predicted_recompute_s, p.predicted_recompute_sd_s, p.measured_recompute_s),
+                };
+                let ok = pred.is_finite() && meas.is_finite() && sd.is_finite() && sd > 0.0 && meas > 0.0;
+                ok.then(|| (meas - pred).abs() / sd)
+            })
+            .collect();
+        if z.is_empty() {
+            continue;
+        }
+        z.sort_by(f64::total_cmp);
+        let n = z.len();
+        let share = |k: f64| z.iter().filter(|&&v| v <= k).count() as f64 / n as f64;
+        let median_z = if n % 2 == 1 { z[n / 2] } else { (z[n / 2 - 1] + z[n / 2]) / 2.0 };
+        out.push(BandCoverage { action, n, within_1sd: share(1.0), within_2sd: share(2.0), median_z });
+    }
+    out
+}
+
 /// One summary per link profile, in the order profiles first appear in `points`, then one over
 /// every point with profile [`ALL_PROFILES`] (always present, `n = 0` for no points).
 pub fn summaries(points: &[DecisionPoint]) -> Vec<DecisionSummary> {
@@ -218,6 +259,8 @@ mod tests {
             modeled_crossover_tokens: Some(2000.0),
             fetch_samples: 0,
             recompute_samples: 0,
+            predicted_fetch_sd_s: 0.0,
+            predicted_recompute_sd_s: 0.0,
             measured_hedge_s: None,
             hedge_winner: None,
         }
@@ -245,6 +288,30 @@ mod tests {
         assert!((f10.median_abs_error - 0.07).abs() < 1e-12);
         assert!(b.iter().filter(|x| x.action == "recompute").all(|x| x.median_abs_error < 0.31));
         assert!(error_by_samples(&[]).is_empty());
+    }
+
+    #[test]
+    fn band_coverage_counts_outcomes_within_one_and_two_sd() {
+        let mut pts = Vec::new();
+        // Fetch: predicted 1.0 ± 0.1, measured 0.05, 0.15, 0.25 and 0.5 off: z 0.5, 1.5, 2.5, 5.
+        for off in [0.05, -0.15, 0.25, 0.5] {
+            let mut p = point("a", "fetch", 1.0, 2.0);
+            p.predicted_fetch_sd_s = 0.1;
+            p.measured_fetch_s = 1.0 + off;
+            pts.push(p);
+        }
+        // No band (sd 0, old reports) and a NaN measurement: left out.
+        pts.push(point("a", "fetch", 1.0, 2.0));
+        let mut nan = point("a", "fetch", 1.0, 2.0);
+        (nan.predicted_fetch_sd_s, nan.measured_fetch_s) = (0.1, f64::NAN);
+        pts.push(nan);
+        let b = band_coverage(&pts);
+        assert_eq!(b.len(), 1, "recompute has no band: {b:?}");
+        let f = &b[0];
+        assert_eq!((f.action, f.n), ("fetch", 4));
+        assert!((f.within_1sd - 0.25).abs() < 1e-12 && (f.within_2sd - 0.5).abs() < 1e-12, "{f:?}");
+        assert!((f.median_z - 2.0).abs() < 1e-9, "median of 0.5, 1.5, 2.5, 5: {f:?}");
+        assert!(band_coverage(&[]).is_empty());
     }
 
     #[test]

@@ -184,6 +184,11 @@ pub fn samples(d: &Decision, action: &str) -> u32 {
     d.candidates.iter().find(|c| c.action == action).map_or(0, |c| c.calibration_samples)
 }
 
+/// The sd of one outcome the decision gave `action`'s prediction (0 when none).
+pub fn sd(d: &Decision, action: &str) -> f64 {
+    d.candidates.iter().find(|c| c.action == action).map_or(0.0, |c| c.sd_s)
+}
+
 /// One point of the decision sweep on `link`: what the daemon chose (`chosen`, as the report
 /// records it) for an `n`-token prefix under decision `d`, the two predictions and
 /// calibration sample counts behind it, and the measured walls of the pure fetch and the pure
@@ -207,6 +212,8 @@ pub fn decision_point(
         modeled_crossover_tokens: d.crossover_tokens,
         fetch_samples: samples(d, "fetch"),
         recompute_samples: samples(d, "recompute"),
+        predicted_fetch_sd_s: sd(d, "fetch"),
+        predicted_recompute_sd_s: sd(d, "recompute"),
         measured_hedge_s: None,
         hedge_winner: None,
     }
@@ -265,6 +272,8 @@ mod tests {
             modeled_crossover_tokens: Some(46.0),
             fetch_samples: 3,
             recompute_samples: 3,
+            predicted_fetch_sd_s: 0.0,
+            predicted_recompute_sd_s: 0.0,
             measured_hedge_s: hedge.map(|h| h.0),
             hedge_winner: hedge.map(|h| h.1.to_owned()),
         }
