@@ -313,9 +313,15 @@ pub async fn prepare_with(
     let mut policy = policy_of(shared, r, block_size);
     policy.split_interference =
         shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
+    // The load the recompute calibration is evaluated at (and its sample recorded with): the
+    // compute path's utilization by the cost model's rule — a busy fraction counts only while
+    // something is queued. The engine's trailing busy fraction alone is history: right after a
+    // recompute (this daemon's own) it read ~1 on an idle engine, and the load coefficient no
+    // sample had pinned down gave those predictions bands of ±200–300 % (bench, 2026-12-03),
+    // which made racing the two actions look cheap.
     let engine_load = {
-        let u = engine.load.locked().utilization;
-        if u.is_finite() { u.clamp(0.0, 1.0) } else { 0.0 }
+        let l = engine.load.locked();
+        compute_utilization(l.queue_depth, l.utilization)
     };
 
     let hedge_policy = hedge_policy_of(shared, r, &engine.engine_id);

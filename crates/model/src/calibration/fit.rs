@@ -15,7 +15,9 @@
 //! - **Windowed and forgetting.** Only the last `window` samples are kept, and the `i`-th newest
 //!   weighs `forgettingⁱ`, so a link or an engine whose behaviour changes is followed. The prior
 //!   fades the same way (it is the oldest information), down to 1 % of its weight, so a prior
-//!   that is far off leaves no lasting bias.
+//!   that is far off leaves no lasting bias. The uncertainty does not fade with it: the
+//!   covariance keeps the prior at full precision, so a coefficient the samples never pin
+//!   down keeps its prior sd rather than growing without data (no covariance windup).
 //! - **Non-negative.** Every coefficient is a physical cost (seconds, seconds per byte, a
 //!   factor), clamped at zero by an active-set solve; with non-negative, monotone features this
 //!   makes every prediction monotone in its inputs.
@@ -213,7 +215,12 @@ impl<const D: usize> RobustFit<D> {
         let (theta, _) = self.irls(&prior_phi, strength, data_theta, Some(noise), &mut scratch);
         self.theta = theta;
         self.noise = noise;
-        let (a, _) = self.normal_equations(&theta, noise, &prior_phi, strength);
+        // The band is computed with the prior at its full precision: forgetting fades the
+        // prior's pull on the estimate, but a direction no sample pins down keeps the prior's
+        // sd instead of widening as the prior fades (exponential forgetting's covariance
+        // windup: up to 1/√PRIOR_FLOOR = 10 prior sds). A recompute's load coefficient that no
+        // sample had seen away from load 0 once gave a prediction at load 1 a band of ±250 %.
+        let (a, _) = self.normal_equations(&theta, noise, &prior_phi, 1.0);
         if let Some(inv) = inverse(&a) {
             self.cov = std::array::from_fn(|i| std::array::from_fn(|j| sd[i] * inv[i][j] * sd[j]));
         }
@@ -428,6 +435,25 @@ mod tests {
         assert!((a - 0.2).abs() < 2e-3 && (b - 0.05).abs() < 1e-4, "{a} {b}");
         // Residuals are zero, so only the prior noise's pseudo-samples remain: √(1 · 0.2² / (1 + 40 − 2)).
         assert!((f.noise() - (0.04 / 39.0f64).sqrt()).abs() < 1e-3, "{}", f.noise());
+    }
+
+    #[test]
+    fn a_coefficient_no_sample_excites_keeps_its_prior_sd() {
+        // y = 0.2 + 1.0 · x₁; x₂ (a load term) is 0 in every sample. With forgetting the prior
+        // fades to PRIOR_FLOOR, but x₂'s sd must stay its prior's, not grow toward 10×.
+        let mut f = RobustFit::<3>::new(FitConfig::default(), [0.0, 1.0, 0.0], [0.1, 1.0, 2.0]);
+        for i in 0..200 {
+            let x1 = 0.1 + f64::from(i % 7) * 0.3;
+            let wobble = 1.0 + 0.03 * (f64::from(i) * 1.3).sin();
+            f.push([1.0, x1, 0.0], (0.2 + x1) * wobble);
+        }
+        let sd = f.theta_sd();
+        assert!(sd[2] <= 2.0 * (1.0 + 1e-9), "the unexcited coefficient's sd {} over its prior 2.0", sd[2]);
+        assert!(sd[2] > 1.9, "nor does it shrink without data: {}", sd[2]);
+        // The excited ones are pinned by the data, far below their prior sds.
+        assert!(sd[0] < 0.02 && sd[1] < 0.05, "{sd:?}");
+        let th = f.theta();
+        assert!((th[0] - 0.2).abs() < 0.02 && (th[1] - 1.0).abs() < 0.03, "{th:?}");
     }
 
     #[test]
