@@ -787,9 +787,12 @@ async fn decisions(
         let f = session::fill(&mut eng_a, &x).await?;
         session::wait_for_holdings(&mut mig, &x, f.tokens, Duration::from_secs(60)).await?;
         let (f, r) = session::pure_runs(&mut mig, ("bench-warm", seed), &x, &y, n, BLOCK_TOKENS).await?;
+        // The daemon's receipts (what the sweep scores) and the router's walls, which add the
+        // gRPC round trip across the link: the warm-ups "twice as slow" in the runs of
+        // 2026-12-03 were router walls read against receipts (one RTT more, 50 and 150 ms).
         println!(
-            "  warm-up (not scored): fetch {:.3} s, recompute {:.3} s of {n} tokens",
-            f.router_s, r.router_s
+            "  warm-up (not scored): fetch {:.3} s, recompute {:.3} s of {n} tokens (router's walls {:.3} / {:.3} s)",
+            f.receipt.wall_s, r.receipt.wall_s, f.router_s, r.router_s
         );
     }
     for &n in &lengths {
