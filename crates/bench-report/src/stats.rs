@@ -136,6 +136,13 @@ pub struct ErrorBucket {
     pub median_abs_error: f64,
 }
 
+/// The median of a non-empty `v` (sorted in place; the mean of the middle two when even).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let m = v.len();
+    if m % 2 == 1 { v[m / 2] } else { (v[m / 2 - 1] + v[m / 2]) / 2.0 }
+}
+
 /// Sample-count buckets of [`error_by_samples`].
 pub const SAMPLE_BUCKETS: [(u32, u32); 4] = [(0, 0), (1, 2), (3, 9), (10, u32::MAX)];
 
@@ -170,10 +177,8 @@ pub fn error_by_samples(points: &[DecisionPoint]) -> Vec<ErrorBucket> {
             if errs.is_empty() {
                 continue;
             }
-            errs.sort_by(f64::total_cmp);
-            let m = errs.len();
-            let median = if m % 2 == 1 { errs[m / 2] } else { (errs[m / 2 - 1] + errs[m / 2]) / 2.0 };
-            out.push(ErrorBucket { action, samples_lo: lo, samples_hi: hi, n: m, median_abs_error: median });
+            let (n, median_abs_error) = (errs.len(), median(&mut errs));
+            out.push(ErrorBucket { action, samples_lo: lo, samples_hi: hi, n, median_abs_error });
         }
     }
     out
@@ -211,10 +216,9 @@ pub fn band_coverage(points: &[DecisionPoint]) -> Vec<BandCoverage> {
         if z.is_empty() {
             continue;
         }
-        z.sort_by(f64::total_cmp);
         let n = z.len();
+        let median_z = median(&mut z);
         let share = |k: f64| z.iter().filter(|&&v| v <= k).count() as f64 / n as f64;
-        let median_z = if n % 2 == 1 { z[n / 2] } else { (z[n / 2 - 1] + z[n / 2]) / 2.0 };
         out.push(BandCoverage { action, n, within_1sd: share(1.0), within_2sd: share(2.0), median_z });
     }
     out

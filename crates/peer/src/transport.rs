@@ -145,9 +145,8 @@ impl LinkTuning {
     /// QUIC data streams per transfer: one per [`QUIC_STREAM_BPS`] of the expected rate, at
     /// least 1, at most `streams` (100 Mbit/s: 1; 1 Gbit/s: 4).
     pub fn quic_streams(&self) -> u32 {
-        let by_rate = (self.bandwidth_bps / QUIC_STREAM_BPS).ceil();
-        // NaN and negatives give 0 and are lifted to 1; the cast saturates above u32::MAX.
-        (by_rate.min(f64::from(u32::MAX)) as u32).clamp(1, self.streams.max(1))
+        // NaN and negatives cast to 0 and are lifted to 1; the cast saturates above u32::MAX.
+        (((self.bandwidth_bps / QUIC_STREAM_BPS).ceil()) as u32).clamp(1, self.streams.max(1))
     }
 
     /// Per-stream receive window: the connection window shared by the QUIC streams, at least
