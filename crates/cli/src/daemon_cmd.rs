@@ -56,9 +56,15 @@ pub fn load(args: &DaemonArgs) -> anyhow::Result<Config> {
     Ok(cfg)
 }
 
-/// Runs the daemon until a signal.
-pub async fn run(args: &DaemonArgs) -> anyhow::Result<()> {
-    let cfg = load(args)?;
+/// Runs the daemon on `cfg` (from [`load`]) until a signal.
+pub async fn run(cfg: Config) -> anyhow::Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tracing::info!(
+        workers = cfg.runtime_workers(cores),
+        cores,
+        configured = cfg.runtime.worker_threads,
+        "runtime worker threads"
+    );
     let daemon = Daemon::start(cfg).await?;
     println!(
         "kvferry daemon {}: grpc {} peer {} http {}",

@@ -97,10 +97,29 @@ fn main() -> ExitCode {
                 Command::Daemon(_) | Command::Engine(_) => "info",
                 _ => "warn",
             });
-            let r = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            // A daemon's config is read (and validated) first: it sizes the runtime.
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            let mut daemon_cfg = None;
+            if let Command::Daemon(a) = &other {
+                match daemon_cmd::load(a) {
+                    Ok(cfg) => {
+                        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+                        builder.worker_threads(cfg.runtime_workers(cores));
+                        daemon_cfg = Some(cfg);
+                    }
+                    Err(e) => {
+                        eprintln!("error: {e:#}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
+            let r = match builder.enable_all().build() {
                 Ok(rt) => rt.block_on(async move {
                     match other {
-                        Command::Daemon(a) => daemon_cmd::run(&a).await,
+                        Command::Daemon(_) => match daemon_cfg {
+                            Some(cfg) => daemon_cmd::run(cfg).await,
+                            None => Ok(()),
+                        },
                         Command::Migrate(a) => migrate_cmd::run(&a).await,
                         Command::Links(a) => migrate_cmd::links(&a).await,
                         Command::Engine(a) => kvferry_engine_node::run(*a).await.map_err(anyhow::Error::from),

@@ -154,6 +154,7 @@ pub struct Config {
     pub limits: Limits,
     pub listeners: Listeners,
     pub transfer: Transfer,
+    pub runtime: Runtime,
     pub policy: PolicyDefaults,
     /// Fault injection for tests (honoured only by builds with feature `fault-injection`).
     pub faults: Faults,
@@ -395,6 +396,27 @@ impl Transfer {
     }
 }
 
+/// The daemon's async runtime.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Runtime {
+    /// Worker threads of the daemon's runtime; 0 = sized from the peers' links
+    /// ([`Config::runtime_workers`]: one per [`GBPS_PER_WORKER`] of the fastest peer's `gbps`,
+    /// at least 1, at most the host's cores).
+    pub worker_threads: u32,
+}
+
+/// Link rate one runtime worker thread is given when `runtime.worker_threads` is 0 (auto).
+/// Measured (2026-12-05, `kvferry bench --no-decisions --no-baselines`, this 2-core VM): one
+/// worker carries 1 Gbit/s × 50 ms at 90–93 % of the link with 2.2–2.6 CPU s/GiB per side,
+/// where two workers spent 2.5–5.0 (their wake-ups of each other, not packet work); at
+/// 100 Mbit/s one worker cut 7.8–9.8 / 10.4–12.0 to 6.0 / 8.4. One connection on direct
+/// loopback moves 2.3–3.3 Gbit/s on one core (`bench/results/wire-loopback.md`).
+pub const GBPS_PER_WORKER: f64 = 2.5;
+
+/// The most worker threads `runtime.worker_threads` may ask for.
+pub const MAX_WORKER_THREADS: u32 = 1024;
+
 /// Policy defaults applied when a request leaves them unset.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -469,6 +491,7 @@ impl Default for Config {
             limits: Limits::default(),
             listeners: Listeners::default(),
             transfer: Transfer::default(),
+            runtime: Runtime::default(),
             policy: PolicyDefaults::default(),
             faults: Faults::default(),
         }
@@ -639,6 +662,9 @@ impl Config {
                 }
             }
         }
+        if self.runtime.worker_threads > MAX_WORKER_THREADS {
+            return Err(invalid("runtime.worker_threads", format!("must be at most {MAX_WORKER_THREADS} (0 = auto)")));
+        }
         if self.tls.reload_poll_ms != 0 && self.tls.reload_poll_ms < 100 {
             return Err(invalid("tls.reload_poll_ms", "must be 0 (off) or at least 100"));
         }
@@ -802,6 +828,22 @@ impl Config {
         toml::to_string(self).unwrap_or_else(|e| unreachable!("a Config always serializes: {e}"))
     }
 
+    /// Worker threads for the daemon's runtime on a host with `cores` cores:
+    /// `runtime.worker_threads` when set (as given), else one per [`GBPS_PER_WORKER`] of the fastest peer's
+    /// expected rate (no peers: one), at least 1 and at most `cores`. Every extra worker costs
+    /// wake-ups (a parked worker is woken to steal each time another finds work), so a link one
+    /// core can carry runs on one.
+    pub fn runtime_workers(&self, cores: usize) -> usize {
+        let cores = cores.max(1);
+        if self.runtime.worker_threads > 0 {
+            return self.runtime.worker_threads as usize;
+        }
+        let fastest = self.peers.iter().map(|p| p.gbps).filter(|g| g.is_finite()).fold(0.0_f64, f64::max);
+        // Finite and non-negative (validated), so the cast is exact for any sane rate and
+        // saturates otherwise.
+        ((fastest / GBPS_PER_WORKER).ceil() as usize).clamp(1, cores)
+    }
+
     /// `<run_dir>/engine.sock`.
     pub fn engine_socket(&self) -> PathBuf {
         self.run_dir.join("engine.sock")
@@ -825,6 +867,51 @@ mod tests {
         let want = Config { peers: cfg.peers.clone(), ..Config::default() };
         assert_eq!(cfg, want);
         assert_eq!(cfg.peers.len(), 1);
+    }
+
+    #[test]
+    fn runtime_workers_follow_the_fastest_peer_within_the_cores_unless_set() {
+        let with = |gbps: &[f64], workers: u32| {
+            let mut c = Config::default();
+            c.runtime.worker_threads = workers;
+            c.peers = gbps
+                .iter()
+                .enumerate()
+                .map(|(i, g)| Peer {
+                    region: format!("p{i}"),
+                    addr: "127.0.0.1:1".parse().unwrap(),
+                    gbps: *g,
+                    rtt_ms: 50.0,
+                    max_egress_gbps: 0.0,
+                    tenants: None,
+                    transport: TransportChoice::default(),
+                })
+                .collect();
+            c
+        };
+        // No peers, slow peers: one worker; the fastest peer decides.
+        assert_eq!(with(&[], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[0.1, 1.0], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[1.0, 2.5], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[1.0, 2.6], 0).runtime_workers(16), 2);
+        assert_eq!(with(&[10.0], 0).runtime_workers(16), 4);
+        assert_eq!(with(&[100.0], 0).runtime_workers(16), 16, "never more than the cores");
+        assert_eq!(with(&[100.0], 0).runtime_workers(0), 1, "at least one");
+        // Monotone in the rate and in the cores.
+        let mut last = 0;
+        for g in 1..400 {
+            let n = with(&[f64::from(g) * 0.25], 0).runtime_workers(8);
+            assert!(n >= last && (1..=8).contains(&n));
+            last = n;
+        }
+        // Set: taken as given, whatever the peers or cores.
+        assert_eq!(with(&[100.0], 3).runtime_workers(16), 3);
+        assert_eq!(with(&[], 4).runtime_workers(2), 4);
+        let c = Config::parse("[runtime]\nworker_threads = 2").unwrap();
+        assert_eq!(c.runtime.worker_threads, 2);
+        let e = Config::parse("[runtime]\nworker_threads = 5000").unwrap_err();
+        assert!(e.to_string().contains("runtime.worker_threads"), "{e}");
+        assert!(Config::parse("[runtime]\nworkers = 2").is_err(), "unknown keys are refused");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use check::check_batch;
 pub use kvferry_layout::Extent;
-pub use staging::{STAGING_ALIGN, Staging};
+pub use staging::{RECYCLE_MAX_BYTES, RECYCLE_MIN_BYTES, STAGING_ALIGN, Staging, recycled_bytes};
 
 /// Where an error came from and whether retrying can help.
 ///
