@@ -123,6 +123,14 @@ pub const DEFAULT_RECV_COALESCE: Duration = Duration::from_millis(1);
 /// worse (85.9 % at 150 ms).
 pub const QUIC_STREAM_BPS: f64 = 250e6;
 
+/// Datagrams a receive hold is sized to gather at the link's expected rate (see
+/// [`LinkTuning::recv_hold`]): each batch costs a wake-up, a timer and a `recvmmsg` round
+/// whatever its size.
+pub const RECV_BATCH_PACKETS: f64 = 32.0;
+
+/// A full QUIC datagram's bytes on a 1500-byte-MTU path, for sizing holds.
+const RECV_PACKET_BYTES: f64 = 1452.0;
+
 /// Below this round trip receive coalescing is off: a millisecond would be a visible share.
 pub const MIN_RTT_FOR_COALESCING: Duration = Duration::from_millis(10);
 
@@ -168,14 +176,23 @@ impl LinkTuning {
         self.bdp_bytes().clamp(64 << 10, 32 * MIB)
     }
 
-    /// The receive hold this link's socket uses: [`LinkTuning::recv_coalesce`] on round trips
-    /// of at least [`MIN_RTT_FOR_COALESCING`], nothing on shorter ones or for quinn's defaults.
+    /// The receive hold this link's socket uses, on round trips of at least
+    /// [`MIN_RTT_FOR_COALESCING`] (nothing on shorter ones, when `recv_coalesce` is zero, or for
+    /// quinn's defaults): long enough for [`RECV_BATCH_PACKETS`] at the expected rate, at least
+    /// [`LinkTuning::recv_coalesce`], at most an eighth of the round trip. 1 Gbit/s: the 1 ms
+    /// floor (~85 packets); 100 Mbit/s × 20 ms: 2.5 ms (~21 packets) instead of the 1 ms that
+    /// woke the receiver for 8.
     pub fn recv_hold(&self) -> Duration {
-        if self.defaults_only || self.rtt < MIN_RTT_FOR_COALESCING {
-            Duration::ZERO
-        } else {
-            self.recv_coalesce
+        if self.defaults_only || self.rtt < MIN_RTT_FOR_COALESCING || self.recv_coalesce.is_zero() {
+            return Duration::ZERO;
         }
+        let batch_s = RECV_BATCH_PACKETS * RECV_PACKET_BYTES * 8.0 / self.bandwidth_bps;
+        let batch = if batch_s.is_finite() && batch_s > 0.0 {
+            Duration::from_secs_f64(batch_s.min(1.0))
+        } else {
+            Duration::ZERO
+        };
+        batch.min(self.rtt / 8).max(self.recv_coalesce)
     }
 
     /// The ACK frequency this side asks its peer for, `None` when the extension is off: the
@@ -345,6 +362,22 @@ mod tests {
         assert!(LinkTuning { ack_eliciting_threshold: 0, ..t }.ack_frequency().is_none());
         assert_eq!(LinkTuning { rtt: Duration::from_millis(2), ..t }.recv_hold(), Duration::ZERO);
         assert_eq!(LinkTuning { recv_coalesce: Duration::ZERO, ..t }.recv_hold(), Duration::ZERO);
+        // Slow links hold longer, up to an eighth of the round trip; never below the setting.
+        let slow = LinkTuning { bandwidth_bps: 100e6, rtt: Duration::from_millis(20), ..t };
+        assert_eq!(slow.recv_hold(), Duration::from_micros(2500));
+        let slow_far = LinkTuning { rtt: Duration::from_millis(200), ..slow };
+        let want = 32.0 * 1452.0 * 8.0 / 100e6;
+        assert!((slow_far.recv_hold().as_secs_f64() - want).abs() < 1e-6, "{:?}", slow_far.recv_hold());
+        let fast = LinkTuning { bandwidth_bps: 1e9, rtt: Duration::from_millis(50), ..t };
+        assert_eq!(fast.recv_hold(), DEFAULT_RECV_COALESCE);
+        assert_eq!(LinkTuning { bandwidth_bps: 0.0, ..fast }.recv_hold(), DEFAULT_RECV_COALESCE);
+        // Monotone: a slower link never holds shorter.
+        let mut last = Duration::MAX;
+        for mbps in (10..20_000).step_by(10) {
+            let h = LinkTuning { bandwidth_bps: f64::from(mbps) * 1e6, ..slow }.recv_hold();
+            assert!(h <= last && h >= DEFAULT_RECV_COALESCE && h <= slow.rtt / 8, "{mbps}: {h:?}");
+            last = h;
+        }
         let d = LinkTuning::quinn_defaults();
         assert!(d.ack_frequency().is_none());
         assert_eq!(d.recv_hold(), Duration::ZERO);
