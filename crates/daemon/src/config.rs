@@ -663,7 +663,10 @@ impl Config {
             }
         }
         if self.runtime.worker_threads > MAX_WORKER_THREADS {
-            return Err(invalid("runtime.worker_threads", format!("must be at most {MAX_WORKER_THREADS} (0 = auto)")));
+            return Err(invalid(
+                "runtime.worker_threads",
+                format!("must be at most {MAX_WORKER_THREADS} (0 = auto)"),
+            ));
         }
         if self.tls.reload_poll_ms != 0 && self.tls.reload_poll_ms < 100 {
             return Err(invalid("tls.reload_poll_ms", "must be 0 (off) or at least 100"));

@@ -15,8 +15,8 @@
 
 use std::alloc::{self, Layout};
 use std::any::Any;
-use std::fmt;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::ptr::NonNull;
 use std::sync::{Mutex, PoisonError};
 
