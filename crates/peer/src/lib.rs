@@ -10,6 +10,7 @@ mod owner;
 pub mod pool_io;
 pub mod probe;
 pub mod query;
+mod recvbuf;
 mod requester;
 mod router;
 pub mod stripe;

@@ -36,7 +36,7 @@ use crate::tls::RegionId;
 use kvferry_pool::sync::LockExt;
 
 /// A received chunk: header, payload, and its lease on the fetch staging budget.
-type Chunk = (kvferry_wire::ChunkHeader, Vec<u8>, crate::budget::Lease);
+type Chunk = (kvferry_wire::ChunkHeader, crate::recvbuf::RecvBuf, crate::budget::Lease);
 
 /// The most chunks held while the manifest is still on its way. Chunks follow the manifest
 /// out of the owner, so only the few already in flight on the data streams can overtake it;

@@ -17,9 +17,10 @@ use tokio::sync::mpsc;
 use crate::budget::{Budget, Lease};
 use crate::io::{from_conn_error, read_end, read_frame};
 use crate::link::RecvHalf;
+use crate::recvbuf::RecvBuf;
 use kvferry_pool::sync::LockExt;
 
-pub(crate) type ChunkItem = Result<(kvferry_wire::ChunkHeader, Vec<u8>, Lease), WireError>;
+pub(crate) type ChunkItem = Result<(kvferry_wire::ChunkHeader, RecvBuf, Lease), WireError>;
 
 /// Routes a connection's incoming chunk streams to the transfer they belong to, so that
 /// concurrent fetches over one cached connection never read each other's streams.
@@ -123,7 +124,7 @@ pub(crate) async fn read_chunks(mut recv: RecvHalf, budget: Arc<Budget>, router:
             }
             Ok(Some(Frame::Chunk(h))) => match budget.lease(h.len).await {
                 Ok(lease) => {
-                    let mut buf = vec![0u8; h.len as usize];
+                    let mut buf = RecvBuf::take(h.len as usize);
                     match recv.read_exact(&mut buf).await {
                         Ok(()) => Ok((h, buf, lease)),
                         Err(e) => Err(read_end(e)),
