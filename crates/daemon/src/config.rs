@@ -407,12 +407,16 @@ pub struct Runtime {
 }
 
 /// Link rate one runtime worker thread is given when `runtime.worker_threads` is 0 (auto).
-/// Measured (2026-12-05, `kvferry bench --no-decisions --no-baselines`, this 2-core VM): one
-/// worker carries 1 Gbit/s × 50 ms at 90–93 % of the link with 2.2–2.6 CPU s/GiB per side,
-/// where two workers spent 2.5–5.0 (their wake-ups of each other, not packet work); at
-/// 100 Mbit/s one worker cut 7.8–9.8 / 10.4–12.0 to 6.0 / 8.4. One connection on direct
-/// loopback moves 2.3–3.3 Gbit/s on one core (`bench/results/wire-loopback.md`).
-pub const GBPS_PER_WORKER: f64 = 2.5;
+/// Measured (2026-12-05, `kvferry bench --no-decisions --no-baselines`, this 2-core VM, with
+/// the timer-driven receive hold and recycled staging): at 100 Mbit/s × 20 ms one worker
+/// costs 6.2–7.3 CPU s/GiB per side where two cost 10–15 (their wake-ups of each other, not
+/// packet work); at 1 Gbit/s one worker costs 2.3–2.9 and two 2.7–3.8, but one worker lands
+/// a 4 MiB chunk (checksum, copy) on the thread that reads the socket and sends the ACKs, and
+/// 1 GiB reached 88.4–93.1 % of the link (four runs) against 93.5–94.3 % with two. So a
+/// second worker from 500 Mbit/s on; one connection on direct loopback moves 2.3–3.3 Gbit/s
+/// on one core (`bench/results/wire-loopback.md`), so the cores, not this rule, cap faster
+/// links.
+pub const GBPS_PER_WORKER: f64 = 0.5;
 
 /// The most worker threads `runtime.worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: u32 = 1024;
@@ -624,6 +628,12 @@ impl Config {
         if let Some(v) = get("KVFERRY_BEARER_TOKEN") {
             self.auth.bearer_token = v;
         }
+        if let Some(v) = get("KVFERRY_RUNTIME_WORKER_THREADS") {
+            self.runtime.worker_threads = v
+                .trim()
+                .parse()
+                .map_err(|_| invalid("KVFERRY_RUNTIME_WORKER_THREADS", format!("not a thread count: {v}")))?;
+        }
         self.validate()
     }
 
@@ -834,8 +844,8 @@ impl Config {
     /// Worker threads for the daemon's runtime on a host with `cores` cores:
     /// `runtime.worker_threads` when set (as given), else one per [`GBPS_PER_WORKER`] of the fastest peer's
     /// expected rate (no peers: one), at least 1 and at most `cores`. Every extra worker costs
-    /// wake-ups (a parked worker is woken to steal each time another finds work), so a link one
-    /// core can carry runs on one.
+    /// wake-ups (a parked worker is woken to steal each time another finds work), so a slow
+    /// link runs on one.
     pub fn runtime_workers(&self, cores: usize) -> usize {
         let cores = cores.max(1);
         if self.runtime.worker_threads > 0 {
@@ -894,11 +904,12 @@ mod tests {
         };
         // No peers, slow peers: one worker; the fastest peer decides.
         assert_eq!(with(&[], 0).runtime_workers(16), 1);
-        assert_eq!(with(&[0.1, 1.0], 0).runtime_workers(16), 1);
-        assert_eq!(with(&[1.0, 2.5], 0).runtime_workers(16), 1);
-        assert_eq!(with(&[1.0, 2.6], 0).runtime_workers(16), 2);
-        assert_eq!(with(&[10.0], 0).runtime_workers(16), 4);
-        assert_eq!(with(&[100.0], 0).runtime_workers(16), 16, "never more than the cores");
+        assert_eq!(with(&[0.1, 0.5], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[0.1, 0.6], 0).runtime_workers(16), 2);
+        assert_eq!(with(&[1.0, 0.1], 0).runtime_workers(16), 2);
+        assert_eq!(with(&[2.0], 0).runtime_workers(16), 4);
+        assert_eq!(with(&[10.0], 0).runtime_workers(2), 2, "never more than the cores");
+        assert_eq!(with(&[100.0], 0).runtime_workers(16), 16);
         assert_eq!(with(&[100.0], 0).runtime_workers(0), 1, "at least one");
         // Monotone in the rate and in the cores.
         let mut last = 0;
@@ -910,8 +921,12 @@ mod tests {
         // Set: taken as given, whatever the peers or cores.
         assert_eq!(with(&[100.0], 3).runtime_workers(16), 3);
         assert_eq!(with(&[], 4).runtime_workers(2), 4);
-        let c = Config::parse("[runtime]\nworker_threads = 2").unwrap();
+        let mut c = Config::parse("[runtime]\nworker_threads = 2").unwrap();
         assert_eq!(c.runtime.worker_threads, 2);
+        c.apply_env(|k| (k == "KVFERRY_RUNTIME_WORKER_THREADS").then(|| "3".to_owned())).unwrap();
+        assert_eq!(c.runtime.worker_threads, 3, "the environment overrides the file");
+        let e = c.apply_env(|k| (k == "KVFERRY_RUNTIME_WORKER_THREADS").then(|| "two".to_owned()));
+        assert!(e.unwrap_err().to_string().contains("KVFERRY_RUNTIME_WORKER_THREADS"));
         let e = Config::parse("[runtime]\nworker_threads = 5000").unwrap_err();
         assert!(e.to_string().contains("runtime.worker_threads"), "{e}");
         assert!(Config::parse("[runtime]\nworkers = 2").is_err(), "unknown keys are refused");
