@@ -1,0 +1,48 @@
+import json,statistics
+from collections import OrderedDict
+rows=json.load(open('./rows2.json'))
+OV=0.005; MING=0.05
+seqs=OrderedDict()
+for r in rows: seqs.setdefault((r['run'],r['profile']),[]).append(r)
+def run(evening_only, rp='legP', bpm='pred', minov=0.0, window=16):
+    T=dict(exec=0,decl=0,w15=0,slower=0,f20=0,lost=0,fixed=0,new=0,declined_miss=0)
+    det=[]
+    for (rn,prof),rs in seqs.items():
+        if evening_only and 'evening' not in rn: continue
+        X=[];Y=[]
+        for r in rs:
+            legP=(r['pred']-OV)/(1+r['used_i'])
+            ff=max(r['fit_fixed'],0.0)
+            Rp=legP if rp=='legP' else min(legP, r['R_alone'])
+            ov=max(Rp-ff,0.0)
+            s=max(0.0,sum(Y[-window:])/sum(X[-window:])) if X and sum(X[-window:])>minov else 0.0
+            pred2=max(Rp+s*ov,legP)+OV
+            bp=min(r['pf'],r['pr']) if bpm=='pred' else min(r['mf'],r['mr'])
+            best=r['meas']/min(r['mf'],r['mr'])
+            old=abs(r['meas']/r['pred']-1)>0.15 or best>1
+            good=best<=0.8
+            if 1-pred2/bp<MING:
+                T['decl']+=1; T['lost']+=good; T['declined_miss']+=old
+                det.append((rn,prof,r['n'],r['k'],'DECLINE',s,pred2,r['meas'],old,good))
+                continue
+            T['exec']+=1
+            e=r['meas']/pred2-1
+            T['w15']+=abs(e)<=0.15; T['slower']+=best>1; T['f20']+=good
+            T['fixed']+= old and abs(e)<=0.15 and best<=1
+            T['new']+= (not old) and abs(e)>0.15
+            det.append((rn,prof,r['n'],r['k'],'exec %+.0f%%'%(100*e),s,pred2,r['meas'],old,good))
+            X.append(ov); Y.append(r['rec_end']-Rp if rp=='legP' else r['rec_leg']-Rp)
+    return T,det
+if __name__=='__main__':
+  for rp in ('legP','min'):
+    for ev in (True,False):
+      for bpm in ('pred','meas'):
+        T,det=run(ev,rp,bpm)
+        print(rp,'evening' if ev else 'all9',bpm,T)
+  T,det=run(True,'legP')
+  for d in det:
+    if 'cpu' in d[1] or d[8] or d[4]=='DECLINE': print(d[0][-15:],d[1],d[2],d[3],d[4],'s=%.2f pred=%.3f meas=%.3f'%d[5:8],'oldmiss' if d[8] else '','good' if d[9] else '')
+  print()
+  T,det=run(False,'legP')
+  for d in det:
+    if 'cpu' in d[1] or d[8] or d[4]=='DECLINE': print(d[0][-15:],d[1],d[2],d[3],d[4],'s=%.2f pred=%.3f meas=%.3f'%d[5:8],'oldmiss' if d[8] else '','good' if d[9] else '')
