@@ -139,3 +139,71 @@ async fn a_large_split_interference_rules_the_split_out() {
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b priced");
     assert_eq!((engine.split_interference, engine.split_samples), (4.0, 0), "{engine:?}");
 }
+
+/// `kvferry_split_cpu_share{part}` from a `/metrics` text.
+fn cpu_share(metrics: &str, part: &str) -> f64 {
+    common::metric(metrics, &format!("kvferry_split_cpu_share{{part=\"{part}\"}}"))
+}
+
+/// With `[policy] split_cpu_floor` on (the default; the other tests turn it off because they
+/// run beside each other on a busy host), region B's daemon measures its host: with every core
+/// spinning on other work, a split is planned with at least the interference the CPU shares
+/// predict (`(other + prefill + fetch) / cores − 1`), visible in `/metrics`; its engine's
+/// prefill cores and the fetch's CPU are then measured from a pure recompute and a pure fetch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_host_floors_the_split_interference() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let floored = RegionSpec { configure: Some(|c| c.policy.split_cpu_floor = true), ..Default::default() };
+    let cluster = Cluster::start([RegionSpec::default(), floored]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let stop = Arc::new(AtomicBool::new(false));
+    let spinners: Vec<_> = (0..cores)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 1u64;
+                while !stop.load(Ordering::Relaxed) {
+                    for _ in 0..10_000 {
+                        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                    }
+                }
+            })
+        })
+        .collect();
+    // The daemon's quietest window of the last 3 s must be one with the load running.
+    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    let req = capped(&cluster, "split-floor", 4545).await;
+    let d = cluster.router(1).await.plan_migration(req).await.unwrap().into_inner();
+    let m = cluster.metrics(1).await;
+    stop.store(true, Ordering::Relaxed);
+    for s in spinners {
+        s.join().unwrap();
+    }
+    let (n, other, prefill, floor) =
+        (cpu_share(&m, "cores"), cpu_share(&m, "other"), cpu_share(&m, "prefill"), cpu_share(&m, "floor"));
+    eprintln!("under load: {n} cores, other {other:.2}, prefill {prefill:.2}, floor {floor:.3}");
+    assert_eq!(n, cores as f64, "{m}");
+    assert!(other >= 0.75 * n, "every core spun on other work: {other} of {n} cores ({d:?})");
+    assert_eq!(prefill, 1.0, "one core of prefill before any recompute was measured");
+    assert!(floor >= 0.5 / n && floor <= 4.0, "the shares do not fit the cores: floor {floor} ({m})");
+
+    // A pure recompute and a pure fetch on the quiet host measure their CPU.
+    let (mut a, mut b) = (cluster.engine(0).await, cluster.router(1).await);
+    let convo = tokens(512, 4646);
+    let (_, r) = migrate(&mut b, request("floor-recompute", &convo, PolicyMode::Recompute)).await;
+    assert_eq!(r.kind(), Action::Recompute, "{r:?}");
+    let convo = tokens(512, 4848);
+    generate(&mut a, &convo, true).await;
+    let req = request("floor-fetch", &convo, PolicyMode::Fetch);
+    wait_for_source(&mut b, &req).await;
+    let (_, f) = migrate(&mut b, req).await;
+    assert_eq!(f.kind(), Action::Fetch, "{f:?}");
+    let req = capped(&cluster, "split-floor-2", 4747).await;
+    b.plan_migration(req).await.unwrap();
+    let m = cluster.metrics(1).await;
+    let (prefill, fetch) = (cpu_share(&m, "prefill"), cpu_share(&m, "fetch"));
+    eprintln!("quiet: other {:.2}, prefill {prefill:.2}, fetch {fetch:.3}", cpu_share(&m, "other"));
+    assert!(prefill > 0.0 && prefill <= n + 0.5, "the engine's prefill, measured: {prefill} ({m})");
+    assert!(fetch.is_finite() && fetch >= 0.0, "the fetch's cores at the link's rate: {fetch} ({m})");
+}

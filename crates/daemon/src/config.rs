@@ -466,6 +466,11 @@ pub struct PolicyDefaults {
     /// replace it with the measured slowdown (median of recent splits); a split that cannot
     /// beat the better pure action by `split_min_gain` once slowed is not chosen. At most 4.
     pub split_interference: f64,
+    /// Plan each split with at least the interference this host's CPU shares predict
+    /// (`(other + prefill + fetch cores) / cores − 1`, [`crate::hostcpu`]): the other work on
+    /// the host, the engine's prefill and the fetch's CPU at the link's rate, measured here.
+    /// Off: only the prior and the executed splits decide.
+    pub split_cpu_floor: bool,
 }
 
 /// When the daemon hedges.
@@ -581,6 +586,7 @@ impl Default for PolicyDefaults {
             hedge_max_wasted_compute_ms: 0.0,
             hedge_interference: 0.0,
             split_interference: 0.0,
+            split_cpu_floor: true,
         }
     }
 }

@@ -178,9 +178,27 @@ impl ConnState {
     }
 }
 
-/// What the gRPC server puts in each request's extensions: the request's connection.
+/// What the gRPC server puts in each request's extensions: the request's connection, and the
+/// process at its other end where the socket says (a Unix socket's peer credentials).
 #[derive(Debug, Clone)]
-pub struct ConnInfo(pub Arc<ConnState>);
+pub struct ConnInfo(pub Arc<ConnState>, pub Option<u32>);
+
+/// The process at the other end of a connection, where the socket can tell.
+pub trait PeerProcess {
+    /// Its pid (`None`: not a local socket, or not in this pid namespace).
+    fn peer_pid(&self) -> Option<u32> {
+        None
+    }
+}
+
+impl PeerProcess for tokio::net::UnixStream {
+    fn peer_pid(&self) -> Option<u32> {
+        let pid = self.peer_cred().ok()?.pid()?;
+        u32::try_from(pid).ok().filter(|p| *p > 0)
+    }
+}
+
+impl PeerProcess for tokio::net::TcpStream {}
 
 /// A request in flight; dropped with its response body.
 #[derive(Debug)]
@@ -426,10 +444,10 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Guarded<IO> {
     }
 }
 
-impl<IO> tonic::transport::server::Connected for Guarded<IO> {
+impl<IO: PeerProcess> tonic::transport::server::Connected for Guarded<IO> {
     type ConnectInfo = ConnInfo;
     fn connect_info(&self) -> ConnInfo {
-        ConnInfo(self.admission.state.clone())
+        ConnInfo(self.admission.state.clone(), self.io.peer_pid())
     }
 }
 

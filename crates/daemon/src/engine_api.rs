@@ -250,6 +250,11 @@ impl Engine for EngineService {
         &self,
         req: Request<RegisterPoolRequest>,
     ) -> Result<Response<RegisterPoolResponse>, Status> {
+        // The engine's process (the socket's peer credentials): its CPU is this region's own
+        // work, not the host's other work ([`crate::hostcpu`]).
+        if let Some(pid) = req.extensions().get::<crate::conn::ConnInfo>().and_then(|c| c.1) {
+            self.shared.host_cpu.add_engine_pid(pid);
+        }
         let r = req.into_inner();
         if r.engine_id.is_empty() || r.model_id.is_empty() {
             return Err(DaemonError::invalid("engine_id and model_id are required").into());

@@ -375,11 +375,19 @@ enum Leg {
     Concurrent,
 }
 
+/// The host's CPU counters at the start or end of a pure action (`None` for a leg beside
+/// the other, or with `[policy] split_cpu_floor` off): what [`crate::hostcpu`] learns the
+/// fetch's CPU per byte and the engine's prefill cores from.
+fn cpu_reading(shared: &Shared, leg: Leg) -> Option<crate::hostcpu::Reading> {
+    (leg == Leg::Alone && shared.config.policy.split_cpu_floor).then(|| shared.host_cpu.read()).flatten()
+}
+
 async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Result<u64, DaemonError> {
     if n == 0 {
         return Ok(0);
     }
     let started = Instant::now();
+    let cpu_start = cpu_reading(shared, leg);
     let sender = p.engine.commands.locked().clone().ok_or_else(|| {
         DaemonError::unavailable(Origin::Engine, format!("engine {} is not attached", p.engine.engine_id))
     })?;
@@ -443,6 +451,9 @@ async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Res
                 };
                 let profile = *p.engine.profile.locked();
                 shared.calib.observe_recompute(&p.engine.engine_id, profile, obs);
+            }
+            if let (Some(a), Some(b)) = (cpu_start, cpu_reading(shared, leg)) {
+                shared.host_cpu.observe_recompute(&p.engine.engine_id, &a, &b);
             }
             Ok(tokens)
         }
@@ -545,6 +556,7 @@ async fn fetch(job: FetchJob<'_>) -> Result<Fetched, DaemonError> {
 async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
     let FetchJob { shared, p, events, src, from, end, leg, need_s } = job;
     let started = Instant::now();
+    let cpu_start = cpu_reading(shared, leg);
     let src = src.to_owned();
     let peer = shared.links.peer(&src).cloned().ok_or_else(|| DaemonError::not_found(src.clone()))?;
     let id =
@@ -630,6 +642,9 @@ async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
         shared.links.record_goodput(&src, r.bytes, secs);
     }
     shared.links.record_rtt(&src, r.rtt.as_secs_f64());
+    if let (Some(a), Some(b)) = (cpu_start, cpu_reading(shared, leg)) {
+        shared.host_cpu.observe_fetch(&a, &b, r.bytes);
+    }
     if shared.config.policy.calibrate
         && leg == Leg::Alone
         && let Some(fig) = p.figures

@@ -23,6 +23,7 @@ pub mod conn;
 pub mod engine_api;
 pub mod error;
 pub mod execute;
+pub mod hostcpu;
 pub mod http;
 pub mod inflight;
 pub mod landing;
@@ -58,6 +59,9 @@ pub struct Shared {
     pub migrations: Arc<Semaphore>,
     /// Fetch and recompute calibrations learnt from executed migrations.
     pub calib: calib::Calibrations,
+    /// The host's CPU: other work, the fetch's CPU per byte, the engines' prefill cores
+    /// ([`hostcpu`], for `[policy] split_cpu_floor`).
+    pub host_cpu: Arc<hostcpu::HostCpu>,
     /// Fetches in flight, which a fetch of the same blocks joins ([`inflight`]).
     pub flights: inflight::Flights,
     /// The router API's and the Engine API's connections ([`conn`]).
@@ -287,6 +291,7 @@ impl Daemon {
             links: links::LinkTable::new(&config.peers),
             migrations: Arc::new(Semaphore::new(config.limits.max_concurrent_migrations as usize)),
             calib: calib::Calibrations::default(),
+            host_cpu: Arc::new(hostcpu::HostCpu::new()),
             flights: inflight::Flights::default(),
             config,
             registry,
@@ -295,6 +300,9 @@ impl Daemon {
             node,
         });
         let mut tasks = Vec::new();
+        if shared.config.policy.split_cpu_floor {
+            tasks.push(tokio::spawn(hostcpu::sampler(shared.host_cpu.clone())).abort_handle());
+        }
         tasks.push(
             tokio::spawn(conn::sweeper(vec![shared.router_conns.clone(), shared.engine_conns.clone()]))
                 .abort_handle(),

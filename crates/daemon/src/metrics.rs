@@ -73,6 +73,13 @@ pub struct Metrics {
     pub tls_refused_router: Counter,
     pub last_goodput_gbps: Gauge,
     pub last_prediction_error: Gauge,
+    /// The last split plan's CPU-share floor and what it was made of, in cores
+    /// ([`crate::hostcpu::Floor`]).
+    pub split_cpu_cores: Gauge,
+    pub split_cpu_other: Gauge,
+    pub split_cpu_prefill: Gauge,
+    pub split_cpu_fetch: Gauge,
+    pub split_cpu_floor: Gauge,
 }
 
 impl Metrics {
@@ -90,6 +97,15 @@ impl Metrics {
             crate::reload::Listener::Peer => self.tls_refused_peer.inc(),
             crate::reload::Listener::Router => self.tls_refused_router.inc(),
         }
+    }
+
+    /// Records the floor a plan was made with.
+    pub fn split_floor(&self, f: &crate::hostcpu::Floor) {
+        self.split_cpu_cores.set(f.cores);
+        self.split_cpu_other.set(f.other);
+        self.split_cpu_prefill.set(f.compute);
+        self.split_cpu_fetch.set(f.fetch);
+        self.split_cpu_floor.set(f.interference);
     }
 
     /// Renders the exposition text; `extra` appends per-peer and landing-zone gauges.
@@ -214,6 +230,19 @@ impl Metrics {
             "# HELP kvferry_prediction_error Relative error of the last predicted vs measured migration time.\n# TYPE kvferry_prediction_error gauge\nkvferry_prediction_error {}",
             self.last_prediction_error.get()
         );
+        let _ = writeln!(
+            o,
+            "# HELP kvferry_split_cpu_share The last split plan's CPU shares, in cores (host cores, other work, the engine's prefill, the fetch at the link's rate) and the interference floor they predict.\n# TYPE kvferry_split_cpu_share gauge"
+        );
+        for (part, g) in [
+            ("cores", &self.split_cpu_cores),
+            ("other", &self.split_cpu_other),
+            ("prefill", &self.split_cpu_prefill),
+            ("fetch", &self.split_cpu_fetch),
+            ("floor", &self.split_cpu_floor),
+        ] {
+            let _ = writeln!(o, "kvferry_split_cpu_share{{part=\"{part}\"}} {}", g.get());
+        }
         let _ =
             writeln!(o, "# HELP kvferry_peer_rtt_ms Live RTT per peer.\n# TYPE kvferry_peer_rtt_ms gauge");
         for (p, rtt, _, _) in links {

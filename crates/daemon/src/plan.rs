@@ -417,6 +417,22 @@ pub async fn prepare_with(
         }
     }
     choose_source(shared, &mut p, answers, holdings);
+    // A split is planned with at least the slowdown this host's CPU shares predict: the other
+    // work here, the engine's prefill and the fetch's CPU at the chosen link's rate.
+    if shared.config.policy.split_cpu_floor
+        && let Some(fig) = &p.figures
+        && let Some(floor) = shared.host_cpu.floor(&p.engine.engine_id, fig.goodput_bps / 8.0)
+    {
+        shared.metrics.split_floor(&floor);
+        if floor.interference > p.policy.split_interference {
+            tracing::debug!(
+                ?floor,
+                learnt = p.policy.split_interference,
+                "split planned at the CPU-share floor"
+            );
+            p.policy.split_interference = floor.interference;
+        }
+    }
     if shared.config.policy.calibrate {
         if let (Some((region, _)), Some(fig)) = (&p.source, &p.figures) {
             p.fetch_cal = shared.calib.fetch(region, fig);

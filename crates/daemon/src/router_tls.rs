@@ -230,6 +230,8 @@ impl std::fmt::Debug for RouterTlsStream {
     }
 }
 
+impl crate::conn::PeerProcess for RouterTlsStream {}
+
 impl Connected for RouterTlsStream {
     type ConnectInfo = TcpConnectInfo;
     fn connect_info(&self) -> TcpConnectInfo {

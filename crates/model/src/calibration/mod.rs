@@ -17,7 +17,9 @@
 //! - [`hedge()`](hedge::hedge) decides, from two predictions, whether to start the recompute
 //!   while the fetch runs and keep whichever finishes first.
 //! - [`InterferenceCalibration`] (one per engine): how much a split's two legs slow each other
-//!   on shared resources, from executed splits (median of recent `1 + i` samples).
+//!   on shared resources, from executed splits (median of recent `1 + i` samples), and
+//!   [`cpu_share_interference`], what the host's CPU shares predict before any split has run
+//!   (its inputs learnt by [`CpuCost`]).
 //!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
@@ -65,6 +67,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod cpu_share;
 pub mod fetch;
 pub(crate) mod fit;
 pub mod hedge;
@@ -76,6 +79,7 @@ use thiserror::Error;
 
 use crate::error::ModelError;
 
+pub use cpu_share::{CpuCost, cpu_share_interference};
 pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
 pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
