@@ -187,6 +187,7 @@ async fn a_busy_host_floors_the_split_interference() {
     assert!(other >= 0.75 * n, "every core spun on other work: {other} of {n} cores ({d:?})");
     assert_eq!(prefill, 1.0, "one core of prefill before any recompute was measured");
     assert!(floor >= 0.5 / n && floor <= 4.0, "the shares do not fit the cores: floor {floor} ({m})");
+    assert!(d.reason.contains("split priced at interference"), "the decision says so: {}", d.reason);
 
     // A pure recompute and a pure fetch on the quiet host measure their CPU.
     let (mut a, mut b) = (cluster.engine(0).await, cluster.router(1).await);

@@ -58,6 +58,9 @@ pub struct Prepared {
     pub engine_load: f64,
     /// What a hedge may do here (`allow` false: no hedge for this request).
     pub hedge_policy: HedgePolicy,
+    /// The CPU-share floor the split was priced with, where it raised the learnt interference
+    /// ([`crate::hostcpu`]).
+    pub split_floor: Option<crate::hostcpu::Floor>,
 }
 
 impl Prepared {
@@ -347,6 +350,7 @@ pub async fn prepare_with(
         recompute_cal: None,
         engine_load,
         hedge_policy,
+        split_floor: None,
     };
     if local_blocks == p.hashes.len() && !ask_when_local {
         return Ok(p);
@@ -425,12 +429,17 @@ pub async fn prepare_with(
     {
         shared.metrics.split_floor(&floor);
         if floor.interference > p.policy.split_interference {
-            tracing::debug!(
-                ?floor,
+            tracing::info!(
+                floor = floor.interference,
                 learnt = p.policy.split_interference,
-                "split planned at the CPU-share floor"
+                other = floor.other,
+                prefill = floor.compute,
+                fetch = floor.fetch,
+                cores = floor.cores,
+                "a split is priced at the host's CPU-share floor"
             );
             p.policy.split_interference = floor.interference;
+            p.split_floor = Some(floor);
         }
     }
     if shared.config.policy.calibrate {
@@ -627,13 +636,19 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     let hedge = weighed.filter(|h| h.choice == kvferry_model::HedgeChoice::Hedge);
     // A hedge weighed and declined says why (the hedged reason is added by `to_proto`).
     let not_hedged = weighed.filter(|_| hedge.is_none()).map(|h| format!("; not hedged: {}", h.reason));
+    let floored = p.split_floor.filter(|_| p.policy.allow_split).map(|f| {
+        format!(
+            "; split priced at interference {:.2}, this host's CPU shares (other {:.2} + prefill {:.2} + fetch {:.2} cores on {})",
+            f.interference, f.other, f.compute, f.fetch, f.cores
+        )
+    });
     Ok(Planned {
         fetch_prediction,
         recompute_prediction,
         hedge,
         hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
-        reason: reason(&plan.reason) + not_hedged.as_deref().unwrap_or(""),
+        reason: reason(&plan.reason) + floored.as_deref().unwrap_or("") + not_hedged.as_deref().unwrap_or(""),
         model: plan.model,
         fetch_from: plan.fetch_from as usize,
         fetch_end: plan.fetch_end as usize,
