@@ -611,7 +611,8 @@ impl Config {
         Ok(cfg)
     }
 
-    /// Applies `KVFERRY_*` environment overrides (region, run dir, listen addresses, token).
+    /// Applies `KVFERRY_*` environment overrides (region, run dir, listen addresses, token,
+    /// runtime workers, the QUIC ACK frequency).
     pub fn apply_env(&mut self, get: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         let addr = |k: &str, v: String| {
             v.parse::<SocketAddr>().map_err(|_| invalid(k, format!("not an address: {v}")))
@@ -639,6 +640,11 @@ impl Config {
                 .trim()
                 .parse()
                 .map_err(|_| invalid("KVFERRY_RUNTIME_WORKER_THREADS", format!("not a thread count: {v}")))?;
+        }
+        if let Some(v) = get("KVFERRY_TRANSFER_ACK_ELICITING_THRESHOLD") {
+            self.transfer.ack_eliciting_threshold = v.trim().parse().map_err(|_| {
+                invalid("KVFERRY_TRANSFER_ACK_ELICITING_THRESHOLD", format!("not a packet count: {v}"))
+            })?;
         }
         self.validate()
     }
@@ -933,6 +939,15 @@ mod tests {
         assert_eq!(c.runtime.worker_threads, 3, "the environment overrides the file");
         let e = c.apply_env(|k| (k == "KVFERRY_RUNTIME_WORKER_THREADS").then(|| "two".to_owned()));
         assert!(e.unwrap_err().to_string().contains("KVFERRY_RUNTIME_WORKER_THREADS"));
+        let ack = |v: &'static str| {
+            move |k: &str| (k == "KVFERRY_TRANSFER_ACK_ELICITING_THRESHOLD").then(|| v.to_owned())
+        };
+        c.apply_env(ack("32")).unwrap();
+        assert_eq!(c.transfer.ack_eliciting_threshold, 32);
+        for bad in ["many", "-1", "5000"] {
+            let e = c.apply_env(ack(bad)).unwrap_err().to_string();
+            assert!(e.contains("ack_eliciting_threshold") || e.contains("ACK_ELICITING"), "{bad}: {e}");
+        }
         let e = Config::parse("[runtime]\nworker_threads = 5000").unwrap_err();
         assert!(e.to_string().contains("runtime.worker_threads"), "{e}");
         assert!(Config::parse("[runtime]\nworkers = 2").is_err(), "unknown keys are refused");
