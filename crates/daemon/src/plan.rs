@@ -429,7 +429,9 @@ pub async fn prepare_with(
     {
         shared.metrics.split_floor(&floor);
         if floor.interference > p.policy.split_interference {
-            tracing::info!(
+            // Per plan, so debug (a router's band probes plan many times a second); the
+            // decision's reason and `kvferry_split_cpu_share` carry it at every level.
+            tracing::debug!(
                 floor = floor.interference,
                 learnt = p.policy.split_interference,
                 other = floor.other,
