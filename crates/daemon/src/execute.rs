@@ -375,11 +375,16 @@ enum Leg {
     Concurrent,
 }
 
-/// The host's CPU counters at the start or end of a pure action (`None` for a leg beside
-/// the other, or with `[policy] split_cpu_floor` off): what [`crate::hostcpu`] learns the
-/// fetch's CPU per byte and the engine's prefill cores from.
+/// The host's CPU counters at the start or end of a pure action: what [`crate::hostcpu`]
+/// learns the fetch's CPU per byte and the engine's prefill cores from. `None` (nothing
+/// learnt) for a leg beside the other, with `[policy] split_cpu_floor` off, or while another
+/// migration runs in this daemon: the host's CPU would be the sum of both, charged to one.
 fn cpu_reading(shared: &Shared, leg: Leg) -> Option<crate::hostcpu::Reading> {
-    (leg == Leg::Alone && shared.config.policy.split_cpu_floor).then(|| shared.host_cpu.read()).flatten()
+    let in_flight = (shared.config.limits.max_concurrent_migrations as usize)
+        .saturating_sub(shared.migrations.available_permits());
+    (leg == Leg::Alone && shared.config.policy.split_cpu_floor && in_flight <= 1)
+        .then(|| shared.host_cpu.read())
+        .flatten()
 }
 
 async fn recompute_leg(shared: &Shared, p: &Prepared, n: usize, leg: Leg) -> Result<u64, DaemonError> {

@@ -12,7 +12,8 @@
 //! - **the fetch's CPU per byte** — the host's busy CPU while a pure fetch ran (this daemon
 //!   and everything the transfer makes busy on this host: the kernel's network path, a peer
 //!   daemon or an emulator on the same host), less the engines' and less the other work over
-//!   its wall time, over the bytes fetched ([`CpuCost`], ratio of sums).
+//!   its wall time, over the bytes fetched ([`CpuCost`], ratio of sums). Only a migration
+//!   that ran alone in this daemon is measured (two at once would each be charged both).
 //! - **the engine's prefill cores** — its process's CPU while a pure recompute ran over the
 //!   recompute's wall time (the host's busy CPU less this daemon's and the other work where
 //!   the engine's process is not known). [`DEFAULT_COMPUTE_CORES`] before the first.

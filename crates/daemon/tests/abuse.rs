@@ -62,6 +62,8 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = common::config(dir.path(), "region-a");
     (cfg.limits.pool_offer_ttl_ms, cfg.limits.max_pending_pool_offers) = (1_000, 8);
+    // This test counts the process's fds: no host-CPU sampler opening /proc files meanwhile.
+    cfg.policy.split_cpu_floor = false;
     let d = common::start(&cfg).await;
     let (fds0, maps0) = (fds(), memfd_maps());
     let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
