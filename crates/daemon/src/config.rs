@@ -122,7 +122,7 @@ mod congestion {
         let s = String::deserialize(d)?;
         Congestion::parse(&s).ok_or_else(|| {
             serde::de::Error::custom(format!(
-                "transfer.congestion: must be \"cubic\", \"bbr\" or \"newreno\", got {s:?}"
+                "transfer.congestion: must be \"cubic\", \"bbr\", \"newreno\" or \"tolerant\", got {s:?}"
             ))
         })
     }
@@ -358,9 +358,13 @@ pub struct Transfer {
     /// connection, so the packet work spreads over runtime worker threads. QUIC only: the TCP
     /// transport already stripes a transfer over its `streams` data connections.
     pub stripes: u32,
-    /// cubic | bbr | newreno (also accepted: `new-reno`, `reno`, any letter case).
+    /// cubic | bbr | newreno | tolerant (also accepted: `new-reno`, `reno`, `loss-tolerant`,
+    /// any letter case).
     #[serde(with = "congestion")]
     pub congestion: Congestion,
+    /// `congestion = "tolerant"`: the fraction of a round trip's bytes that may be lost before
+    /// the loss counts as congestion (the path's random loss must stay below it), 0–0.5.
+    pub loss_tolerance: f64,
     /// QUIC idle timeout to peers, ms. A peer silent this long is taken as lost (the fetch
     /// resumes on a new connection); silent for twice this long, the fetch is abandoned and
     /// the migration falls back to recompute.
@@ -560,6 +564,7 @@ impl Default for Transfer {
             streams: 4,
             stripes: 1,
             congestion: Congestion::Cubic,
+            loss_tolerance: kvferry_peer::tolerant::DEFAULT_LOSS_TOLERANCE,
             idle_timeout_ms: 10_000,
             max_retries_per_chunk: fetch.max_retries_per_chunk,
             missing_grace_ms: fetch.missing_grace.as_millis() as u64,
@@ -813,6 +818,9 @@ impl Config {
         if t.ack_eliciting_threshold > 1000 {
             return Err(invalid("transfer.ack_eliciting_threshold", "must be between 0 and 1000"));
         }
+        if !(0.0..=0.5).contains(&t.loss_tolerance) {
+            return Err(invalid("transfer.loss_tolerance", "must be between 0 and 0.5"));
+        }
         if t.recv_coalesce_us > 20_000 {
             return Err(invalid("transfer.recv_coalesce_us", "must be between 0 and 20000"));
         }
@@ -1002,6 +1010,8 @@ mod tests {
             ("[transfer]\nreconnect_backoff_ms = 10001", "transfer.reconnect_backoff_ms"),
             ("[transfer]\nauto_fallback_ms = 10", "transfer.auto_fallback_ms"),
             ("[transfer]\nack_eliciting_threshold = 5000", "transfer.ack_eliciting_threshold"),
+            ("[transfer]\nloss_tolerance = 0.9", "transfer.loss_tolerance"),
+            ("[transfer]\nloss_tolerance = -0.1", "transfer.loss_tolerance"),
             ("[transfer]\nrecv_coalesce_us = 50000", "transfer.recv_coalesce_us"),
             (
                 "[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntransport = \"sctp\"",
@@ -1077,6 +1087,8 @@ mod tests {
         // The congestion spellings the peer crate accepts are still accepted.
         let c = Config::parse("[transfer]\ncongestion = \"New-Reno\"").unwrap();
         assert_eq!(c.transfer.congestion, Congestion::NewReno);
+        let c = Config::parse("[transfer]\ncongestion = \"Loss-Tolerant\"\nloss_tolerance = 0.02").unwrap();
+        assert_eq!((c.transfer.congestion, c.transfer.loss_tolerance), (Congestion::Tolerant, 0.02));
         // The file's spellings of a transport are the peer crate's own.
         for (n, v) in <TransportChoice as Choice>::NAMES {
             assert_eq!((TransportChoice::parse(n), v.name()), (Some(*v), *n));

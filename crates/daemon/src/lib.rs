@@ -252,6 +252,7 @@ impl Daemon {
             rtt: Duration::from_secs_f64(if rtt > 0.0 { rtt } else { 0.05 }),
             streams: config.transfer.streams,
             congestion: config.transfer.congestion,
+            loss_tolerance: config.transfer.loss_tolerance,
             idle_timeout: Duration::from_millis(config.transfer.idle_timeout_ms),
             ack_eliciting_threshold: config.transfer.ack_eliciting_threshold,
             recv_coalesce: Duration::from_micros(config.transfer.recv_coalesce_us),

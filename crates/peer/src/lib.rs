@@ -16,6 +16,7 @@ mod router;
 pub mod stripe;
 mod tcp;
 pub mod tls;
+pub mod tolerant;
 pub mod transport;
 
 pub use io::{BoxFut, ChunkBytes, ChunkError, ChunkSink, ChunkSource};

@@ -190,6 +190,18 @@ fn setup_wrapped(
     tcp_listen: Option<std::net::SocketAddr>,
     source_wrap: impl FnOnce(Arc<dyn ChunkSource>) -> Arc<dyn ChunkSource>,
 ) -> Setup {
+    setup_owner_tuned(t, layers, blocks, tcp_listen, source_wrap, |_| {})
+}
+
+/// [`setup_wrapped`] with the owner's transport tuning changed by `tune` before it starts.
+fn setup_owner_tuned(
+    t: TransportChoice,
+    layers: u32,
+    blocks: u32,
+    tcp_listen: Option<std::net::SocketAddr>,
+    source_wrap: impl FnOnce(Arc<dyn ChunkSource>) -> Arc<dyn ChunkSource>,
+    tune: impl FnOnce(&mut kvferry_peer::LinkTuning),
+) -> Setup {
     let layout = layout(layers, 8, 128, blocks + 3);
     let (src_pool, src_backend) = pool(&layout);
     let (dst_pool, dst_backend) = pool(&layout);
@@ -225,7 +237,9 @@ fn setup_wrapped(
         opened: AtomicU64::new(0),
     });
     let dial = Dial { transport: t, tcp_listen };
-    let owner = node(dial, pki.issue("src").unwrap(), &pki, &["dst"], catalog.clone(), 64 << 20);
+    let mut owner_cfg = common::config(dial, pki.issue("src").unwrap(), &pki, &["dst"], 64 << 20);
+    tune(&mut owner_cfg.tuning);
+    let owner = PeerNode::start(owner_cfg, catalog.clone() as Arc<dyn kvferry_peer::BlockCatalog>).unwrap();
     Setup {
         t,
         pki,
@@ -349,6 +363,29 @@ async fn sixty_four_mib_lands_byte_identical(t: TransportChoice) {
 
 async fn half_gib_lands_byte_identical(t: TransportChoice) {
     transfer_of(t, 512 << 20).await;
+}
+
+/// The loss-tolerant congestion controller on both ends of a path that drops 1 % of the
+/// packets each way (the loopback relay): the fetch completes byte-identical within its
+/// deadline, the receipt names the controller, and the relay did drop packets on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lossy_path_under_the_loss_tolerant_controller_lands_byte_identical() {
+    use kvferry_peer::Congestion;
+    let tolerant = |t: &mut kvferry_peer::LinkTuning| t.congestion = Congestion::Tolerant;
+    let s = setup_owner_tuned(TransportChoice::Quic, 16, 32, None, |x| x, tolerant);
+    let relay = kvferry_wanem::relay::Relay::start(s.owner.local_addr(), 0x10_55).unwrap();
+    relay.set_loss(None, 0.01);
+    let mut cfg =
+        common::config(TransportChoice::Quic, s.pki.issue("dst").unwrap(), &s.pki, &["src"], 64 << 20);
+    tolerant(&mut cfg.tuning);
+    let dst = PeerNode::start(cfg, s.catalog.clone()).unwrap();
+    let r = dst.fetch(&s.src_id(), relay.addr(), s.spec(Duration::from_secs(60)), s.sink()).await.unwrap();
+    assert_eq!(r.blocks, 32);
+    assert_eq!(r.link.congestion, "tolerant", "{r:?}");
+    s.assert_identical();
+    let stats = relay.stats();
+    assert!(stats.dropped > 0, "the relay dropped nothing: {stats:?}");
+    eprintln!("lossy relay: {stats:?}, {} MiB in {:?}", r.bytes >> 20, r.wall);
 }
 
 /// 2 GiB over QUIC: run by `.ci/run` explicitly (it needs ~4.5 GiB of memory for the two pools).
