@@ -333,6 +333,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_controller_reads_back_its_name_and_builds_a_transport() {
+        for c in [Congestion::Cubic, Congestion::Bbr, Congestion::NewReno, Congestion::Tolerant] {
+            assert_eq!(Congestion::parse(c.name()), Some(c));
+            assert_eq!(Congestion::parse(&c.name().to_ascii_uppercase()), Some(c));
+            let _ = LinkTuning { congestion: c, ..LinkTuning::default() }.transport();
+        }
+        assert_eq!(Congestion::parse("loss-tolerant"), Some(Congestion::Tolerant));
+        assert_eq!(Congestion::parse("vegas"), None);
+    }
+
+    #[test]
     fn windows_follow_the_bdp() {
         // 1 Gbit/s × 150 ms = 18.75 MB BDP.
         let t = LinkTuning {
