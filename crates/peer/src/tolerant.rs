@@ -245,14 +245,16 @@ impl Tolerant {
     /// quinn found persistent congestion.
     pub fn on_loss(&mut self, now: Instant, sent: Instant, persistent: bool, lost_bytes: u64) {
         self.roll(now);
-        self.current.lost = self.current.lost.saturating_add(lost_bytes);
         if persistent {
             self.cut_to(now, self.minimum_window());
             return;
         }
         if self.sent_before_cut(sent) {
+            // The tail of the loss that caused the last cut, detected late: it neither cuts
+            // again nor counts toward the next cut.
             return;
         }
+        self.current.lost = self.current.lost.saturating_add(lost_bytes);
         if lost_bytes > 0 && self.loss_fraction() <= self.cfg.loss_tolerance {
             self.tolerated += 1;
             return;
@@ -462,6 +464,9 @@ mod tests {
         c.ssthresh = 6_000_000;
         drive(&mut c, base, 1, 0.05);
         assert_eq!(c.counts().0, 1);
+        // The overrun's tail, detected after the cut: not counted toward the next cut.
+        c.on_loss(at(base, 110), at(base, 40), false, 200_000);
+        assert_eq!((c.counts(), c.loss_fraction()), ((1, 0), 0.0));
         // Packets sent after the cut: one lost before anything is acknowledged.
         c.on_loss(at(base, 120), at(base, 100), false, 1452);
         assert_eq!(c.counts(), (1, 1), "tolerated: 1452 of a 4.2 MB window");
