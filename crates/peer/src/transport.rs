@@ -155,19 +155,26 @@ impl LinkTuning {
         (self.bandwidth_bps / 8.0 * self.rtt.as_secs_f64()).ceil() as u64
     }
 
-    /// Connection-level flow-control window: 4 × BDP, at least 16 MiB, at most 1 GiB.
+    /// Connection-level flow-control window, at least 16 MiB, at most 1 GiB: 2 × BDP under a
+    /// loss-based controller (CUBIC, NewReno), 4 × BDP under one that keeps its rate through
+    /// random loss (the loss-tolerant controller, BBR).
     ///
-    /// The window must hold what is in flight (up to the BDP plus a bottleneck queue of about
-    /// one BDP) and what the receiver holds unread behind a lost packet: a stream with a hole
-    /// cannot be read past it until the retransmission lands, one to two round trips later, so
-    /// at 0.1 % loss and 1 Gbit/s some streams always have one and up to two BDPs wait behind
-    /// them. Measured (`kvferry bench --profiles 1gbit-50ms-loss0.1 --sizes-mib 256,1024
-    /// --no-decisions --no-baselines`, 2026-12-05, `bench/results/lossy-2026-12-05/`): with
-    /// 2 × BDP (16 MiB here) the loss-tolerant controller reached 85 % / 90 % of the link at
-    /// 256 MiB / 1 GiB, with 4 × BDP 90 % / 95 % (BBR 66 % / 77 % → 75 % / 83 %); the lossless
-    /// profiles stayed within run-to-run spread.
+    /// A stream with a lost packet cannot be read past the hole for one to two round trips,
+    /// so on a lossy path the window must hold what is in flight (the BDP plus a bottleneck
+    /// queue of about one BDP) and up to two BDPs waiting behind holes: at 0.1 % loss and
+    /// 1 Gbit/s × 50 ms the 16 MiB window stalled the sender (`kvferry bench --profiles
+    /// 1gbit-50ms-loss0.1 --sizes-mib 256,1024 --no-decisions --no-baselines`, 2026-12-05,
+    /// `bench/results/lossy-2026-12-05/`: the loss-tolerant controller 85 % / 90 % of the link
+    /// at 256 MiB / 1 GiB with 2 × BDP, 90 % / 95 % with 4 ×; BBR 66 % / 77 % → 75 % / 83 %).
+    /// A loss-based controller halves on any loss, so it never has holes' worth of room to
+    /// use, and there the 2 × BDP window is what stops its slow start from overrunning the
+    /// queue: CUBIC with 4 × BDP fell from ~72 % to 58–59 % at 64 MiB on 1 Gbit/s × 150 ms.
     pub fn connection_window(&self) -> u64 {
-        (4 * self.bdp_bytes()).clamp(16 * MIB, 1024 * MIB)
+        let bdps = match self.congestion {
+            Congestion::Tolerant | Congestion::Bbr => 4,
+            Congestion::Cubic | Congestion::NewReno => 2,
+        };
+        (bdps * self.bdp_bytes()).clamp(16 * MIB, 1024 * MIB)
     }
 
     /// QUIC data streams per transfer: one per [`QUIC_STREAM_BPS`] of the expected rate, at
@@ -353,8 +360,13 @@ mod tests {
             ..LinkTuning::default()
         };
         assert_eq!(t.bdp_bytes(), 18_750_000);
-        assert_eq!(t.connection_window(), 75_000_000);
-        assert_eq!(t.stream_window(), 18_750_000);
+        assert_eq!(t.connection_window(), 37_500_000);
+        assert_eq!(t.stream_window(), 16 * MIB);
+        // Controllers that ride through random loss get room for the data behind loss holes.
+        for c in [Congestion::Tolerant, Congestion::Bbr] {
+            let t = LinkTuning { congestion: c, ..t };
+            assert_eq!((t.connection_window(), t.stream_window()), (75_000_000, 18_750_000));
+        }
         assert_eq!(t.initial_window(), 18_750_000);
         // A 100 Gbit/s path: the initial window stops at 32 MiB.
         assert_eq!(LinkTuning { bandwidth_bps: 100e9, ..t }.initial_window(), 32 * MIB);
