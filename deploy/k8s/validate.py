@@ -212,8 +212,11 @@ def check_rules(where: str, c: dict, fail: Failures) -> None:
         fail.add(f"{where} transfer.chunk_bytes", "must be between 64 KiB and 64 MiB")
     if not 1 <= t.get("streams", 4) <= 64:
         fail.add(f"{where} transfer.streams", "must be between 1 and 64")
-    if t.get("congestion", "cubic") not in ("cubic", "bbr", "newreno"):
-        fail.add(f"{where} transfer.congestion", "must be cubic, bbr or newreno")
+    congestion = str(t.get("congestion", "cubic")).lower()
+    if congestion not in ("cubic", "bbr", "newreno", "new-reno", "reno", "tolerant", "loss-tolerant"):
+        fail.add(f"{where} transfer.congestion", "must be cubic, bbr, newreno or tolerant")
+    if not 0.0 <= t.get("loss_tolerance", 0.01) <= 0.5:
+        fail.add(f"{where} transfer.loss_tolerance", "must be between 0 and 0.5")
     if not 500 <= t.get("idle_timeout_ms", 10000) <= 600000:
         fail.add(f"{where} transfer.idle_timeout_ms", "must be between 500 and 600000")
     if not 0 <= t.get("max_retries_per_chunk", 3) <= 100:
