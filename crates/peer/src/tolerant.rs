@@ -14,8 +14,8 @@
 //! congestion avoidance grows with every round the window keeps growing. The window is cut
 //! (`× beta`) only when the bytes lost in the last two round trips exceed `loss_tolerance` of
 //! the bytes sent and settled in them (acknowledged or lost), or when quinn declares persistent
-//! congestion (every packet of a period lost: back to the minimum window). Below the tolerance
-//! a loss is retransmitted and the window is left alone.
+//! congestion (every packet of a period lost: back to the minimum window, then slow start up to
+//! the cut window). Below the tolerance a loss is retransmitted and the window is left alone.
 //!
 //! Slow start ends at the first cut or, before any loss, once the smoothed RTT has risen
 //! `clamp(min_rtt/8, 4 ms, 16 ms)` above the path's minimum (HyStart++'s delay signal, RFC
@@ -246,7 +246,13 @@ impl Tolerant {
     pub fn on_loss(&mut self, now: Instant, sent: Instant, persistent: bool, lost_bytes: u64) {
         self.roll(now);
         if persistent {
+            // Everything sent over a period was lost (a path that went dark): start again from
+            // the minimum window, and slow-start back to the cut the window would have taken
+            // (ending at a threshold of the minimum would leave a fat pipe crawling back at one
+            // MTU a round trip).
+            let threshold = ((self.window as f64 * self.cfg.beta) as u64).max(self.minimum_window());
             self.cut_to(now, self.minimum_window());
+            self.ssthresh = threshold;
             return;
         }
         if self.sent_before_cut(sent) {
@@ -477,7 +483,10 @@ mod tests {
         let base = Instant::now();
         let mut c = Tolerant::new(cfg(1_000_000), base, MTU);
         c.on_loss(at(base, 10), at(base, 5), true, 1);
-        assert_eq!(c.window(), 2 * u64::from(MTU));
+        assert_eq!((c.window(), c.ssthresh()), (2 * u64::from(MTU), 700_000));
+        // And slow-starts back: each acknowledged byte of a packet sent since grows the window.
+        c.on_ack(at(base, 70), at(base, 20), 10_000, false, RTT);
+        assert_eq!(c.window(), 2 * u64::from(MTU) + 10_000);
         // And the window never goes below it after an MTU change.
         c.on_mtu(1200);
         assert!(c.window() >= 2400);
