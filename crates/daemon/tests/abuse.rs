@@ -71,7 +71,9 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     for i in 0..9 {
         // The engine side shares its pool and goes away: only the daemon's copy stays.
         let pool = ShmPool::create(layout.clone()).unwrap();
-        let r = tokio::task::block_in_place(|| share_pool(&cfg.run_dir, &pool, "m", Duration::from_secs(5)));
+        let r = tokio::task::block_in_place(|| {
+            share_pool(&cfg.run_dir, &pool.share_handle().unwrap(), "m", Duration::from_secs(5))
+        });
         match r {
             Ok((token, _stream)) => tokens.push(token),
             Err(e) => {

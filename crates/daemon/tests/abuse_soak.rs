@@ -80,7 +80,9 @@ async fn abuse_soak_every_listener_while_legitimate_calls_keep_working() {
         // Unclaimed shm offers.
         for _ in 0..2 {
             let p = ShmPool::create(layout.clone()).unwrap();
-            let _ = tokio::task::block_in_place(|| share_pool(&cfg.run_dir, &p, "m", Duration::from_secs(5)));
+            let _ = tokio::task::block_in_place(|| {
+                share_pool(&cfg.run_dir, &p.share_handle().unwrap(), "m", Duration::from_secs(5))
+            });
             cases += 1;
         }
         let mut r = router(d.grpc_addr).await;

@@ -120,13 +120,36 @@ fn attached(d: &kvferry_daemon::Daemon, id: &str, blocks: usize) -> bool {
         .any(|e| e.engine_id == id && e.attached() && e.blocks.lock().unwrap().len() >= blocks)
 }
 
-async fn wait_attached(d: &kvferry_daemon::Daemon, id: &str, blocks: usize, what: &str) {
+async fn wait_attached(d: &kvferry_daemon::Daemon, node: &EngineNode, blocks: usize, what: &str) {
+    let id = node.info().engine_id.as_str();
     let t = Instant::now();
     while !attached(d, id, blocks) {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{what}: engine {id} never attached with {blocks} blocks"
-        );
+        if t.elapsed() >= Duration::from_secs(30) {
+            // What each side saw, for a failure that cannot be rerun at will.
+            let leases: Vec<String> = d
+                .shared
+                .registry
+                .all()
+                .iter()
+                .filter(|e| e.engine_id == id)
+                .map(|e| {
+                    format!(
+                        "{} attached={} blocks={}",
+                        e.lease_id,
+                        e.attached(),
+                        e.blocks.lock().unwrap().len()
+                    )
+                })
+                .collect();
+            panic!(
+                "{what}: engine {id} never attached with {blocks} blocks; the engine: lease {}, {} \
+                 reconnects, last failed attempt: {:?}; the daemon: leases {leases:?}, {} pool offers pending",
+                node.lease_id(),
+                node.reconnects(),
+                node.reconnect_error(),
+                d.shared.registry.pending_pools(),
+            );
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -357,8 +380,8 @@ async fn engine_stream_cuts_end_every_migration_typed_and_leave_nothing_partial(
         assert_eq!(hashes.len(), SESSION_BLOCKS);
         sessions.push(Session { tenant, prompt, hashes, bytes: Vec::new(), extra: answer });
     }
-    wait_attached(&a, "engine-a", SESSIONS * SESSION_BLOCKS, "A's sessions published").await;
-    wait_attached(&b, "engine-b", 0, "B's engine").await;
+    wait_attached(&a, &node_a, SESSIONS * SESSION_BLOCKS, "A's sessions published").await;
+    wait_attached(&b, &node_b, 0, "B's engine").await;
 
     // Before any fault: one clean fetch per session gives the bytes every later landing must
     // match, and B's engine answers as A's from them.
@@ -403,8 +426,8 @@ async fn engine_stream_cuts_end_every_migration_typed_and_leave_nothing_partial(
 
     // --- the regions work again: both engines back, A's blocks republished ---
     let blocks = SESSIONS * SESSION_BLOCKS;
-    wait_attached(&a, "engine-a", blocks, "after the faults, A's engine republished").await;
-    wait_attached(&b, "engine-b", 0, "after the faults, B's engine").await;
+    wait_attached(&a, &node_a, blocks, "after the faults, A's engine republished").await;
+    wait_attached(&b, &node_b, 0, "after the faults, B's engine").await;
     // B's engine may hold sessions it loaded during the soak: fresh prompts push them out of
     // its pool (80 blocks), so each session below is fetched again.
     for k in 0..4 {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use kvferry_engine::PrefillProfile as CoreProfile;
-use kvferry_engine_sdk::ShmPool;
+use kvferry_engine_sdk::PoolShare;
 use kvferry_layout::BlockHash;
 use kvferry_proto::v1::engine_client::EngineClient;
 use kvferry_proto::v1::engine_event::Event;
@@ -47,12 +47,13 @@ pub async fn connect_uds(path: &Path) -> Result<Channel, tonic::transport::Error
         .await
 }
 
-/// Shares `pool` with the daemon over `<run_dir>/pool.sock` (blocking): sends the memfd and
-/// the offer, then reads one line, the pool token. Returns the token and the stream, which
-/// must stay open while the daemon may use the pool.
+/// Shares `pool` with the daemon over `<run_dir>/pool.sock` (blocking; the offer's write and
+/// the token's read each bounded by `timeout`): sends the memfd and the offer, then reads one
+/// line, the pool token. Returns the token and the stream, which must stay open while the
+/// daemon may use the pool.
 pub fn share_pool(
     run_dir: &Path,
-    pool: &ShmPool,
+    pool: &PoolShare,
     model_id: &str,
     timeout: Duration,
 ) -> Result<(String, StdUnixStream), NodeError> {
@@ -60,13 +61,19 @@ pub fn share_pool(
     let err = |detail: String| NodeError::Register { run_dir: run_dir.display().to_string(), detail };
     let stream =
         StdUnixStream::connect(&path).map_err(|e| err(format!("connect {}: {e}", path.display())))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| err(format!("set timeouts: {e}")))?;
     pool.share(&stream, model_id).map_err(|e| err(format!("share the pool: {e}")))?;
-    stream.set_read_timeout(Some(timeout)).map_err(|e| err(format!("set timeout: {e}")))?;
     let mut line = String::new();
     BufReader::new(&stream)
         .read_line(&mut line)
         .map_err(|e| err(format!("read the pool token from {}: {e}", path.display())))?;
-    stream.set_read_timeout(None).map_err(|e| err(format!("clear timeout: {e}")))?;
+    stream
+        .set_read_timeout(None)
+        .and_then(|()| stream.set_write_timeout(None))
+        .map_err(|e| err(format!("clear timeouts: {e}")))?;
     let token = line.trim_end_matches(['\n', '\r']).to_owned();
     if !line.ends_with('\n') {
         return Err(err(format!("{} closed before sending a pool token", path.display())));

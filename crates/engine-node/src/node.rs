@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use kvferry_engine::{Engine, KvLayout, PrefillProfile as CoreProfile};
+use kvferry_engine_sdk::PoolShare;
 use kvferry_layout::BlockHash;
 use kvferry_proto::v1::daemon_command::Command;
 use kvferry_proto::v1::engine_client::EngineClient;
@@ -61,6 +62,7 @@ pub struct EngineNode {
     info: NodeInfo,
     events: EventSink,
     reconnects: Arc<AtomicU64>,
+    reconnect_error: Arc<std::sync::Mutex<Option<String>>>,
     stop: watch::Sender<bool>,
     main: Option<JoinHandle<Result<(), NodeError>>>,
 }
@@ -71,6 +73,8 @@ struct Built {
     access: register_pool_request::Access,
     /// The `pool.sock` connection (shm pools only), kept open while the daemon may map the pool.
     pool_stream: Option<StdUnixStream>,
+    /// What sharing the pool again needs (shm pools only), usable off the worker thread.
+    pool_share: Option<Arc<PoolShare>>,
     layout: PoolLayoutSpec,
     profile: Option<CoreProfile>,
     local_fingerprint: Vec<u8>,
@@ -113,10 +117,12 @@ fn worker_thread(
     let built = build_engine(&cfg).and_then(|engine| {
         let mem = engine.pool().memory();
         let shm = mem.shm();
-        let (access, pool_stream) = match cfg.pool {
+        let (access, pool_stream, pool_share) = match cfg.pool {
             PoolAccess::Shm => {
-                let (pool_token, stream) = share_pool(&cfg.run_dir, shm, &model_id, cfg.rpc_timeout)?;
-                (register_pool_request::Access::Shm(ShmAccess { pool_token }), Some(stream))
+                let handle = shm.share_handle().map_err(|e| NodeError::Pool(e.to_string()))?;
+                let (pool_token, stream) = share_pool(&cfg.run_dir, &handle, &model_id, cfg.rpc_timeout)?;
+                let access = register_pool_request::Access::Shm(ShmAccess { pool_token });
+                (access, Some(stream), Some(Arc::new(handle)))
             }
             PoolAccess::Nixl => {
                 let export =
@@ -124,13 +130,14 @@ fn worker_thread(
                 let desc = export.descriptor().map_err(|e| NodeError::Pool(format!("NIXL: describe the pool: {e}")))?;
                 tracing::info!(agent = %desc.agent_name, regions = desc.regions.len(), "pool registered with NIXL");
                 let descriptor_json = desc.to_json().into_bytes();
-                (register_pool_request::Access::Nixl(NixlAccess { descriptor_json }), None)
+                (register_pool_request::Access::Nixl(NixlAccess { descriptor_json }), None, None)
             }
         };
         let local_fingerprint = shm.fingerprint(&model_id).digest_bytes().to_vec();
         let b = Built {
             access,
             pool_stream,
+            pool_share,
             layout: layout_spec(engine.layout()),
             profile: engine.profile().cloned(),
             local_fingerprint,
@@ -247,6 +254,7 @@ impl EngineNode {
         tracing::info!(engine = %info.engine_id, lease = %info.lease_id, control = %info.control.display(), "engine ready");
         let (stop, stop_rx) = watch::channel(false);
         let reconnects = Arc::new(AtomicU64::new(0));
+        let reconnect_error = Arc::new(std::sync::Mutex::new(None));
         let parts = Parts {
             cfg: cfg.clone(),
             reg,
@@ -261,9 +269,18 @@ impl EngineNode {
             reporter,
             worker,
             pool_stream: built.pool_stream,
+            pool_share: built.pool_share,
+            reconnect_error: reconnect_error.clone(),
             control: cfg.control,
         };
-        Ok(EngineNode { info, events, reconnects, stop, main: Some(tokio::spawn(supervise(parts))) })
+        Ok(EngineNode {
+            info,
+            events,
+            reconnects,
+            reconnect_error,
+            stop,
+            main: Some(tokio::spawn(supervise(parts))),
+        })
     }
 
     /// What this node registered as at start (its first lease; see [`EngineNode::lease_id`]).
@@ -279,6 +296,12 @@ impl EngineNode {
     /// How many times the node registered again after its daemon went away.
     pub fn reconnects(&self) -> u64 {
         self.reconnects.load(Ordering::Relaxed)
+    }
+
+    /// Why the last attempt to register again failed, while the node is away from its daemon
+    /// (`None` once registered again, and before any attempt).
+    pub fn reconnect_error(&self) -> Option<String> {
+        self.reconnect_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
     }
 
     /// Asks the node to stop (in-flight Generate calls finish first).
@@ -319,6 +342,9 @@ struct Parts {
     reporter: JoinHandle<()>,
     worker: std::thread::JoinHandle<()>,
     pool_stream: Option<StdUnixStream>,
+    pool_share: Option<Arc<PoolShare>>,
+    /// Why the last re-registration attempt failed ([`EngineNode::reconnect_error`]).
+    reconnect_error: Arc<std::sync::Mutex<Option<String>>>,
     control: PathBuf,
 }
 
@@ -459,7 +485,10 @@ async fn reconnect(p: &mut Parts, why: String) -> Result<bool, NodeError> {
             }
         }
         attempt = attempt.saturating_add(1);
-        match reattach(p).await {
+        let result = reattach(p).await;
+        *p.reconnect_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            result.as_ref().err().map(|e| format!("attempt {attempt}: {e}"));
+        match result {
             Ok(()) => return Ok(true),
             Err(e) if t0.elapsed() >= policy.give_up_after => {
                 return Err(NodeError::DaemonGone(format!(
@@ -467,12 +496,17 @@ async fn reconnect(p: &mut Parts, why: String) -> Result<bool, NodeError> {
                     policy.give_up_after
                 )));
             }
+            // The first failure and every 20th after it are worth an operator's eye.
+            Err(e) if attempt % 20 == 1 => {
+                tracing::warn!(attempt, error = %e, "daemon not back yet; still trying")
+            }
             Err(e) => tracing::debug!(attempt, error = %e, "daemon not back yet"),
         }
     }
 }
 
-/// One re-registration: the pool offered again (shm) or its NIXL descriptor sent again,
+/// One re-registration: the pool offered again (shm: on a blocking thread, not the worker's
+/// queue, which may hold a long job) or its NIXL descriptor sent again,
 /// `RegisterPool` (a new lease), the sink rebound to it, `Attach`, and every cached block
 /// published again (queued behind the worker's current job, so the republished set is the
 /// cache as of that point, and later events follow it on the same stream).
@@ -480,8 +514,19 @@ async fn reattach(p: &mut Parts) -> Result<(), NodeError> {
     let cfg = p.cfg.clone();
     let pool_stream = match cfg.pool {
         PoolAccess::Shm => {
+            let run_dir = cfg.run_dir.display().to_string();
+            let err = |detail: String| NodeError::Register { run_dir: run_dir.clone(), detail };
+            let share = p.pool_share.clone().ok_or_else(|| err("no shm pool to share".into()))?;
+            let (dir, model_id, t) = (cfg.run_dir.clone(), cfg.model_id(), cfg.rpc_timeout);
+            // The offer's write and the token's read are bounded by `t` each; the wait for
+            // them is bounded as a whole.
+            let job = tokio::task::spawn_blocking(move || share_pool(&dir, &share, &model_id, t));
             let (pool_token, stream) =
-                p.jobs.share_pool(cfg.run_dir.clone(), cfg.model_id(), cfg.rpc_timeout).await?;
+                match tokio::time::timeout(2 * t + Duration::from_millis(500), job).await {
+                    Ok(Ok(r)) => r?,
+                    Ok(Err(e)) => return Err(err(format!("the pool offer's thread: {e}"))),
+                    Err(_) => return Err(err(format!("pool offer: no token within {:?}", 2 * t))),
+                };
             p.reg.access = register_pool_request::Access::Shm(ShmAccess { pool_token });
             Some(stream)
         }

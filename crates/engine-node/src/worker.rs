@@ -57,18 +57,6 @@ pub enum Job {
         /// Where the answer goes.
         reply: oneshot::Sender<Result<PrefixDigestResponse, NodeError>>,
     },
-    /// Hand the shm pool to a (restarted) daemon over `pool.sock` again; the answer is the
-    /// new pool token and the stream to keep open.
-    SharePool {
-        /// The daemon's run directory.
-        run_dir: std::path::PathBuf,
-        /// Model id of the offer.
-        model_id: String,
-        /// Deadline for the daemon's token.
-        timeout: Duration,
-        /// Where the answer goes.
-        reply: oneshot::Sender<Result<(String, std::os::unix::net::UnixStream), NodeError>>,
-    },
     /// Publish every cached block again (`BlockStored`), after a re-registration: the daemon's
     /// index of this engine starts empty.
     Republish,
@@ -190,10 +178,6 @@ impl Worker {
                 }
                 Job::PrefixDigest { req, reply } => {
                     let _ = reply.send(self.prefix_digest(req));
-                }
-                Job::SharePool { run_dir, model_id, timeout, reply } => {
-                    let shm = self.engine.pool().memory().shm();
-                    let _ = reply.send(crate::daemon::share_pool(&run_dir, shm, &model_id, timeout));
                 }
                 Job::Republish => self.republish(),
                 Job::Evict(hashes) => {
@@ -643,18 +627,6 @@ impl JobQueue {
     pub async fn fill(&self, req: PrefixRequest) -> Result<PrefixDigestResponse, NodeError> {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Fill { req, reply })?;
-        rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
-    }
-
-    /// Shares the shm pool with the daemon again (on the worker, which owns the pool).
-    pub async fn share_pool(
-        &self,
-        run_dir: std::path::PathBuf,
-        model_id: String,
-        timeout: Duration,
-    ) -> Result<(String, std::os::unix::net::UnixStream), NodeError> {
-        let (reply, rx) = oneshot::channel();
-        self.submit(Job::SharePool { run_dir, model_id, timeout, reply })?;
         rx.await.map_err(|_| NodeError::WorkerGone("the worker dropped the request".into()))?
     }
 

@@ -10,6 +10,7 @@
 //! This crate owns no copying policy and no protocol of its own: the frame format lives in
 //! `kvferry-pool-shm::transport`, the layout rules in `kvferry-layout`.
 
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 
@@ -139,13 +140,20 @@ impl ShmPool {
 
     /// Send this pool (fd, table, layout, `model_id`) to the daemon over `stream`.
     pub fn share(&self, stream: &UnixStream, model_id: &str) -> Result<(), EngineError> {
-        let offer = Offer {
-            model_id: model_id.to_owned(),
-            layout: Some(self.layout.clone()),
-            table: self.table.clone(),
-        };
-        send_offer(stream, &offer, self.mapping.fd())?;
+        send_offer(stream, &offer(&self.layout, &self.table, model_id), self.mapping.fd())?;
         Ok(())
+    }
+
+    /// What sharing this pool needs, detached from the pool: its layout, its table and a
+    /// duplicate of its fd. Any thread can share the pool with it (an engine registering again
+    /// with a restarted daemon need not ask the thread that owns the pool).
+    pub fn share_handle(&self) -> Result<PoolShare, EngineError> {
+        let fd = self.mapping.fd().try_clone_to_owned().map_err(|e| PoolError::Backend {
+            backend: "shm",
+            retryable: true,
+            detail: format!("duplicate the pool's fd: {e}"),
+        })?;
+        Ok(PoolShare { layout: self.layout.clone(), table: self.table.clone(), fd })
     }
 
     /// Connect to the daemon's socket at `path` and share this pool; keep the returned stream
@@ -167,6 +175,28 @@ impl ShmPool {
     pub fn fingerprint(&self, model_id: &str) -> LayoutFingerprint {
         self.layout.fingerprint(model_id)
     }
+}
+
+/// A pool's offer without its mapping ([`ShmPool::share_handle`]): it keeps the pool's memfd
+/// open (a duplicate), not mapped.
+#[derive(Debug)]
+pub struct PoolShare {
+    layout: PoolLayout,
+    table: RegionTable,
+    fd: OwnedFd,
+}
+
+impl PoolShare {
+    /// Send the pool (fd, table, layout, `model_id`) to the daemon over `stream`, as
+    /// [`ShmPool::share`] does.
+    pub fn share(&self, stream: &UnixStream, model_id: &str) -> Result<(), EngineError> {
+        send_offer(stream, &offer(&self.layout, &self.table, model_id), self.fd.as_fd())?;
+        Ok(())
+    }
+}
+
+fn offer(layout: &PoolLayout, table: &RegionTable, model_id: &str) -> Offer {
+    Offer { model_id: model_id.to_owned(), layout: Some(layout.clone()), table: table.clone() }
 }
 
 #[cfg(test)]
@@ -207,5 +237,29 @@ mod tests {
             pool.read_blocks(&[16], 0..1, &mut []),
             Err(EngineError::Layout(LayoutError::BlockOutOfRange { block: 16, .. }))
         ));
+    }
+
+    #[test]
+    fn a_share_handle_offers_the_pools_memory_from_another_thread() {
+        let pool = ShmPool::create(layout()).unwrap();
+        let data: Vec<u8> = (0..2 * 2 * 4 * 2 * 8 * 2).map(|i| (i * 7) as u8).collect();
+        pool.write_blocks(&[3], 0..2, &data).unwrap();
+        let handle = pool.share_handle().unwrap();
+        // Shared from another thread than the pool's.
+        let (a, b) = UnixStream::pair().unwrap();
+        std::thread::spawn(move || handle.share(&a, "m").map(|()| a)).join().unwrap().unwrap();
+        let (offer, fd) = kvferry_pool_shm::recv_offer(&b).unwrap();
+        assert_eq!((offer.model_id.as_str(), offer.layout.as_ref()), ("m", Some(pool.layout())));
+        assert_eq!(offer.table, *pool.table());
+        // The received fd maps the pool's memory: block 3's bytes are there.
+        let seen = kvferry_pool_shm::Mapping::map(fd, offer.table.file_len()).unwrap();
+        let ext = pool.layout().extents(&[3], 0..2).unwrap();
+        let mut got = Vec::new();
+        for e in ext {
+            let mut buf = vec![0u8; e.len as usize];
+            seen.read_at(offer.table.regions()[e.region as usize].offset + e.offset, &mut buf).unwrap();
+            got.extend(buf);
+        }
+        assert_eq!(got, data);
     }
 }

@@ -77,8 +77,10 @@ pub async fn register_shm_answer(
     let layout = kvferry_daemon::engine_api::layout_of(&spec).unwrap();
     let pool = ShmPool::create(layout).unwrap();
     let run_dir = cfg.run_dir.clone();
-    let (token, stream) =
-        tokio::task::block_in_place(|| share_pool(&run_dir, &pool, "m", Duration::from_secs(5))).unwrap();
+    let (token, stream) = tokio::task::block_in_place(|| {
+        share_pool(&run_dir, &pool.share_handle().unwrap(), "m", Duration::from_secs(5))
+    })
+    .unwrap();
     let mut client = super::engine_client(cfg).await;
     let reg = Registration {
         engine_id: engine.into(),
