@@ -37,6 +37,12 @@ type Events = mpsc::Sender<Result<MigrationEvent, Status>>;
 /// Smallest fetch whose goodput feeds the link estimator.
 const GOODPUT_SAMPLE_MIN_BYTES: u64 = 4 << 20;
 
+/// `f`'s output and the seconds from `t0` until it was ready.
+async fn timed<T>(t0: Instant, f: impl Future<Output = T>) -> (T, f64) {
+    let out = f.await;
+    (out, t0.elapsed().as_secs_f64())
+}
+
 /// Aborts a spawned task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -95,20 +101,40 @@ pub async fn execute(
         MigrationAction::Split => {
             let k = plan.recompute_tokens;
             let src = source_of(p)?;
-            let (rec, fet) = tokio::join!(
-                recompute_leg(shared, p, k, Leg::Concurrent),
-                fetch(
-                    FetchJob::alone(
-                        shared,
-                        p,
-                        events,
-                        &src,
-                        plan.fetch_from..plan.fetch_end,
-                        fetch_need_s(plan)
+            let legs_t0 = Instant::now();
+            let ((rec, rec_s), (fet, fet_s)) = tokio::join!(
+                timed(legs_t0, recompute_leg(shared, p, k, Leg::Concurrent)),
+                timed(
+                    legs_t0,
+                    fetch(
+                        FetchJob::alone(
+                            shared,
+                            p,
+                            events,
+                            &src,
+                            plan.fetch_from..plan.fetch_end,
+                            fetch_need_s(plan)
+                        )
+                        .concurrent()
                     )
-                    .concurrent()
                 )
             );
+            // Which leg bound the split, against the legs the plan predicted: what a split's
+            // prediction error is made of.
+            if let Some(m) = &plan.model {
+                let pt = m.split.point;
+                // The host's CPU shares (cores) as the floor reads them now.
+                let floor = p
+                    .figures
+                    .as_ref()
+                    .and_then(|f| shared.host_cpu.floor(&p.engine.engine_id, f.goodput_bps / 8.0));
+                tracing::info!(session = ?p.session_id, recompute_tokens = k,
+                    compute_leg_s = rec_s, fetch_leg_s = fet_s,
+                    predicted_compute_leg_s = pt.compute_leg_seconds, predicted_fetch_leg_s = pt.fetch_leg_seconds,
+                    interference = p.policy.split_interference,
+                    cpu_other = floor.map(|f| f.other), cpu_prefill = floor.map(|f| f.compute),
+                    cpu_fetch = floor.map(|f| f.fetch), cores = floor.map(|f| f.cores), "split legs");
+            }
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
                     fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs);
