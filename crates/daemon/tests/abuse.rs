@@ -65,7 +65,9 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     // This test counts the process's fds: no host-CPU sampler opening /proc files meanwhile.
     cfg.policy.split_cpu_floor = false;
     let d = common::start(&cfg).await;
-    let (fds0, maps0) = (fds(), memfd_maps());
+    // Only memfds are counted: the offers are memfds; sockets that other work opens meanwhile
+    // are not this test's to count.
+    let (fds0, maps0) = (memfd_fds(), memfd_maps());
     let layout = kvferry_daemon::engine_api::layout_of(&common::spec()).unwrap();
     let mut tokens = Vec::new();
     for i in 0..9 {
@@ -84,14 +86,14 @@ async fn unclaimed_shm_offers_expire_closing_their_fds_and_mappings() {
     }
     assert_eq!(tokens.len(), 8, "the ninth offer is refused");
     assert_eq!(d.shared.registry.pending_pools(), 8);
-    assert!(fds() >= fds0 + 8 && memfd_maps() >= maps0 + 8, "the daemon holds the offers");
+    assert!(memfd_fds() >= fds0 + 8 && memfd_maps() >= maps0 + 8, "the daemon holds the offers");
     let t0 = Instant::now();
     while d.shared.registry.pending_pools() > 0 {
         assert!(t0.elapsed() < Duration::from_secs(5), "offers never expired");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(t0.elapsed() >= Duration::from_millis(500), "offers expired early: {:?}", t0.elapsed());
-    assert_eq!((fds(), memfd_maps()), (fds0, maps0), "every fd closed and mapping unmapped");
+    assert_eq!((memfd_fds(), memfd_maps()), (fds0, maps0), "every memfd closed and mapping unmapped");
     let mut client = common::engine_client(&cfg).await;
     let reg = Registration {
         engine_id: "late".into(),

@@ -39,6 +39,20 @@ pub fn fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
 
+/// Open memfds of this process (`/proc/self/fd` links named `/memfd:...`): the pools' fds,
+/// and nothing a concurrent test's sockets or files add.
+pub fn memfd_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy().starts_with("/memfd:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
 /// memfd mappings of this process.
 pub fn memfd_maps() -> usize {
     std::fs::read_to_string("/proc/self/maps")
