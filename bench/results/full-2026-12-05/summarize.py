@@ -1,10 +1,13 @@
-"""Folds the runs' report.json into the tables of README.md: python3 summarize.py"""
+"""Folds the runs' report.json into the tables of README.md: python3 summarize.py [DIR]
+
+DIR holds the run*/report.json to fold (default: this script's folder); other series of full
+runs use this script with their folder, e.g. `python3 ../full-2026-12-05/summarize.py .`."""
 import json
 import statistics
 import sys
 from pathlib import Path
 
-here = Path(__file__).parent
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 runs = sorted(p for p in here.glob("run*") if (p / "report.json").exists())
 reports = [(p.name, json.loads((p / "report.json").read_text())) for p in runs]
 MIB = 1 << 20
