@@ -582,6 +582,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         rtt_s: fig.rtt_s,
         fetch_utilization: source_utilization(p),
         compute_utilization,
+        recompute_correction: None,
     };
     kvferry_model::calibrated(
         &m,

@@ -48,6 +48,74 @@ impl AttentionShape {
     }
 }
 
+/// Knots of a [`SizeCorrection`].
+pub const SIZE_KNOTS: usize = 12;
+/// Least slope of a [`SizeCorrection`]'s ln(factor) against ln(seconds): above −1, so corrected
+/// seconds still grow with the prefill (the split search relies on it).
+pub const SIZE_CORRECTION_MIN_SLOPE: f64 = -0.5;
+/// Largest |ln(factor)| a [`SizeCorrection`] holds (a factor within 1/4 … 4).
+const SIZE_CORRECTION_MAX_LN: f64 = 1.386_294_361_119_890_6;
+
+/// A calibrated correction to a prefill model's *shape*: a factor on the modeled seconds that
+/// depends on how long the prefill is modeled to take, learnt from the residuals of recent
+/// recomputes of a similar size ([`RecomputeCalibration::size_correction`]). An engine's cost
+/// is rarely exactly `linear·n + attention·pairs` (batching makes long prefills cheaper per
+/// token, caches make long contexts dearer per pair); this bends the fitted curve toward what
+/// recomputes of that size took, and leaves sizes far from any sample alone.
+///
+/// Piecewise linear in ln(seconds) between evenly spaced knots, flat beyond the ends, with a
+/// slope of at least [`SIZE_CORRECTION_MIN_SLOPE`]: corrected seconds grow with the prefill.
+///
+/// [`RecomputeCalibration::size_correction`]: crate::calibration::RecomputeCalibration::size_correction
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SizeCorrection {
+    first_ln_s: f64,
+    step_ln_s: f64,
+    ln_factor: [f64; SIZE_KNOTS],
+}
+
+impl SizeCorrection {
+    /// Knots from `ln(first_s)` every `step_ln_s`, ln(factor) from `ln_factor_at(ln seconds)`,
+    /// clamped to a factor within 1/4 … 4 and, knot by knot, to the least slope. `None` when
+    /// `first_s` or `step_ln_s` is not finite and positive, or a value is not finite.
+    pub fn from_fn(first_s: f64, step_ln_s: f64, ln_factor_at: impl Fn(f64) -> f64) -> Option<Self> {
+        if !(first_s.is_finite() && first_s > 0.0 && step_ln_s.is_finite() && step_ln_s > 0.0) {
+            return None;
+        }
+        let first_ln_s = first_s.ln();
+        let mut ln_factor = [0.0; SIZE_KNOTS];
+        for i in 0..SIZE_KNOTS {
+            let v = ln_factor_at(first_ln_s + i as f64 * step_ln_s);
+            if !v.is_finite() {
+                return None;
+            }
+            let v = v.clamp(-SIZE_CORRECTION_MAX_LN, SIZE_CORRECTION_MAX_LN);
+            ln_factor[i] =
+                if i == 0 { v } else { v.max(ln_factor[i - 1] + SIZE_CORRECTION_MIN_SLOPE * step_ln_s) };
+        }
+        Some(Self { first_ln_s, step_ln_s, ln_factor })
+    }
+
+    /// The factor on a prefill modeled at `modeled_s` seconds (1 for 0 or non-finite).
+    pub fn factor(&self, modeled_s: f64) -> f64 {
+        if !(modeled_s.is_finite() && modeled_s > 0.0) {
+            return 1.0;
+        }
+        let x = (modeled_s.ln() - self.first_ln_s) / self.step_ln_s;
+        let last = SIZE_KNOTS - 1;
+        let ln_f = if x <= 0.0 {
+            self.ln_factor[0]
+        } else if x >= last as f64 {
+            self.ln_factor[last]
+        } else {
+            let i = x.floor() as usize;
+            let t = x - i as f64;
+            self.ln_factor[i] * (1.0 - t) + self.ln_factor[i + 1] * t
+        };
+        ln_f.exp()
+    }
+}
+
 /// How fast the target region prefills.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct ComputeModel {
@@ -59,6 +127,10 @@ pub struct ComputeModel {
     pub mfu: f64,
     /// The attention term; `None` reproduces the seed's linear model.
     pub attention: Option<AttentionShape>,
+    /// A calibrated shape correction ([`SizeCorrection`]); `None` for a model from first
+    /// principles or an uncalibrated profile. Runtime state: never serialized.
+    #[serde(skip)]
+    pub correction: Option<SizeCorrection>,
 }
 
 impl ComputeModel {
@@ -75,7 +147,12 @@ impl ComputeModel {
         if let Some(a) = &attention {
             a.validate()?;
         }
-        Ok(Self { active_params, peak_flops, mfu, attention })
+        Ok(Self { active_params, peak_flops, mfu, attention, correction: None })
+    }
+
+    /// The same model with a calibrated shape correction (or none).
+    pub fn with_correction(self, correction: Option<SizeCorrection>) -> Self {
+        Self { correction, ..self }
     }
 
     /// A compute model from a measured prefill profile
@@ -120,10 +197,12 @@ impl ComputeModel {
     /// Linear term: `tokens × 2N / (peak × mfu)` (evaluated in the seed's order so that its
     /// printed numbers reproduce bit-for-bit). Attention term: the new tokens at positions
     /// `cached..cached+tokens` attend to `cached + tokens·(tokens+1)/2 / tokens` keys on average.
+    ///
+    /// With a [`SizeCorrection`], the sum is multiplied by its factor at the sum.
     pub fn recompute_span_seconds(&self, cached: u64, tokens: u64) -> f64 {
         let n = tokens as f64;
         let linear = n * (2.0 * self.active_params) / self.effective_flops();
-        match self.attention {
+        let modeled = match self.attention {
             None => linear,
             Some(a) => {
                 let c = cached as f64;
@@ -131,6 +210,10 @@ impl ComputeModel {
                 let pairs = n * c + n * (n + 1.0) / 2.0;
                 linear + pairs * a.flops_per_query_key() / self.effective_flops()
             }
+        };
+        match &self.correction {
+            None => modeled,
+            Some(c) => modeled * c.factor(modeled),
         }
     }
 
@@ -147,6 +230,53 @@ mod tests {
 
     fn seed() -> ComputeModel {
         ComputeModel::new(70e9, 989e12, 0.40, None).unwrap()
+    }
+
+    fn reference_engine() -> ComputeModel {
+        ComputeModel::from_measured(7e-4, 1.05e-5).unwrap()
+    }
+
+    #[test]
+    fn a_size_correction_keeps_prefill_cost_growing() {
+        // A wild correction: ln(factor) swinging by ±3 (clamped to ±ln 4) four times per e-fold.
+        let c = SizeCorrection::from_fn(1e-3, 0.3, |x| 3.0 * (4.0 * x).sin()).unwrap();
+        let m = reference_engine().with_correction(Some(c));
+        let mut last = 0.0;
+        for n in 1..3000u64 {
+            let s = m.recompute_seconds(n);
+            assert!(s > last, "{n}: {s} after {last}");
+            last = s;
+        }
+        for x in c.ln_factor {
+            assert!(x.abs() <= SIZE_CORRECTION_MAX_LN + 1e-12, "{x}");
+        }
+        for w in c.ln_factor.windows(2) {
+            assert!(w[1] - w[0] >= SIZE_CORRECTION_MIN_SLOPE * 0.3 - 1e-12, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn a_size_correction_is_flat_beyond_its_knots_and_refuses_bad_input() {
+        let c = SizeCorrection::from_fn(0.01, 0.5, |x| 0.1 * (x - 0.01f64.ln())).unwrap();
+        let last = 0.01 * (0.5 * (SIZE_KNOTS - 1) as f64).exp();
+        assert!((c.factor(0.01) - 1.0).abs() < 1e-12);
+        assert_eq!(c.factor(1e-6), c.factor(0.01));
+        assert_eq!(c.factor(1e6), c.factor(last));
+        assert!((c.factor(last) - (0.1 * 0.5 * (SIZE_KNOTS - 1) as f64).exp()).abs() < 1e-9);
+        // Between knots: linear in ln(seconds).
+        let mid = 0.01 * 0.25f64.exp();
+        assert!((c.factor(mid).ln() - 0.025).abs() < 1e-9);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            assert_eq!(c.factor(bad), 1.0);
+            assert!(SizeCorrection::from_fn(bad, 0.5, |_| 0.0).is_none());
+            assert!(SizeCorrection::from_fn(0.01, bad, |_| 0.0).is_none());
+        }
+        assert!(SizeCorrection::from_fn(0.01, 0.5, |_| f64::NAN).is_none());
+        // No correction, or one at factor 1, is the model itself.
+        let m = reference_engine();
+        let flat = SizeCorrection::from_fn(0.01, 0.5, |_| 0.0);
+        assert_eq!(m.with_correction(flat).recompute_seconds(500), m.recompute_seconds(500));
+        assert_eq!(m.with_correction(None), m);
     }
 
     #[test]

@@ -40,7 +40,7 @@ pub use calibration::{
     CalibrationError, FetchCalibration, FetchObservation, HedgeChoice, HedgeDecision, HedgePolicy,
     Prediction, RecomputeCalibration, RecomputeObservation, calibrated, hedge,
 };
-pub use compute::{AttentionShape, ComputeModel};
+pub use compute::{AttentionShape, ComputeModel, SizeCorrection};
 pub use crossover::{crossover_tokens, crossover_utilization};
 pub use decision::{
     Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide,

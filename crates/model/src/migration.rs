@@ -10,7 +10,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::compute::ComputeModel;
+use crate::compute::{ComputeModel, SizeCorrection};
 use crate::decision::{Action, Decision, Mode, Policy, Queues, Reason, Scenario, decide};
 use crate::error::ModelError;
 use crate::kv::KvFootprint;
@@ -99,6 +99,9 @@ pub struct Measured {
     /// Fetch-path load ([`fetch_utilization`]) and compute-path load ([`compute_utilization`]).
     pub fetch_utilization: f64,
     pub compute_utilization: f64,
+    /// The calibrated shape correction of the profile ([`crate::calibrated`]); `None` when
+    /// uncalibrated.
+    pub recompute_correction: Option<SizeCorrection>,
 }
 
 /// Why a plan is what it is.
@@ -247,7 +250,8 @@ pub fn plan_migration(
     }
     let m = measured.ok_or(PlanError::NotMeasured)?;
     let compute = ComputeModel::from_measured(m.linear_s_per_token, m.attention_s_per_pair)
-        .map_err(PlanError::Profile)?;
+        .map_err(PlanError::Profile)?
+        .with_correction(m.recompute_correction);
     let link = LinkModel::new(m.goodput_bps / 1e9, m.rtt_s, 1.0).map_err(PlanError::Link)?;
     let fetch_tokens = (held - local) * bs;
     let (fetch_rho, compute_rho) = (m.fetch_utilization, m.compute_utilization);
@@ -370,6 +374,7 @@ mod tests {
             rtt_s: 0.05,
             fetch_utilization: 0.0,
             compute_utilization: 0.0,
+            recompute_correction: None,
         }
     }
 

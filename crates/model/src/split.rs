@@ -189,9 +189,15 @@ mod tests {
             (3.0, 0.0, 1, 16, 0.0, 0),
             (2.0, 0.3, 50_000, 64, 0.2, 20_000),
         ] {
-            for interference in [0.0, 0.1, 0.5, 1.0, 3.0] {
+            // With a calibrated size correction too: the search relies on the compute leg
+            // growing with k, which the correction's least slope keeps.
+            let bent = c.with_correction(crate::compute::SizeCorrection::from_fn(1e-4, 0.8, |x| {
+                0.4 * (3.0 * x).sin()
+            }));
+            for (interference, c) in [0.0, 0.1, 0.5, 1.0, 3.0].into_iter().flat_map(|i| [(i, &c), (i, &bent)])
+            {
                 let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
-                let mut s = seed_inputs(&c, &l, p);
+                let mut s = seed_inputs(c, &l, p);
                 s.bytes_per_token = 131_072.0;
                 s.granularity = g;
                 s.overhead_s = over;

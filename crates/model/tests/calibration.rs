@@ -228,6 +228,144 @@ fn a_loaded_host_is_corrected_within_n_samples() {
     corrected_within("recompute", RECOMPUTE_PRIOR_CORRECTED_WITHIN, recompute_samples_to_correct);
 }
 
+/// Two profiles of a recorded full bench (`bench/results/full-2026-12-05-evening/run2`, the
+/// reference engine on this project's 2-core host): the engine's reported profile (seconds per
+/// token, per pair) and every recompute the daemon calibrated from, in order, as (tokens,
+/// whether it was a pure-recompute decision point the bench scored, wall seconds).
+#[allow(clippy::type_complexity)]
+const RECORDED_SWEEPS: [(&str, f64, f64, &[(u64, bool, f64)]); 2] = [
+    (
+        "1gbit-50ms",
+        0.000695411125048552,
+        1.0469331154257894e-05,
+        &[
+            (32, false, 0.0386),
+            (16, true, 0.0186),
+            (16, false, 0.0177),
+            (32, true, 0.0338),
+            (32, false, 0.0350),
+            (64, true, 0.0690),
+            (176, true, 0.2507),
+            (352, true, 0.7734),
+            (432, true, 1.2104),
+            (688, true, 2.8624),
+            (1024, true, 6.2142),
+        ],
+    ),
+    (
+        "1gbit-50ms-loss0.1",
+        0.0006985542379344328,
+        1.0659460849172011e-05,
+        &[
+            (32, false, 0.0450),
+            (16, true, 0.0191),
+            (16, false, 0.0195),
+            (32, true, 0.0407),
+            (32, false, 0.0344),
+            (64, true, 0.0750),
+            (64, false, 0.0711),
+            (176, true, 0.2531),
+            (352, true, 0.8018),
+            (432, true, 1.1468),
+            (688, true, 2.8196),
+            (1024, true, 6.2570),
+        ],
+    ),
+];
+
+/// The recorded sweeps predicted as the daemon predicted them (each scored recompute before it
+/// is learnt from): |measured ÷ predicted − 1| of the scored points with at least `min_samples`
+/// samples behind them.
+fn recorded_errors(spread: RecomputeSpread, min_samples: u64) -> Vec<f64> {
+    let mut errs = Vec::new();
+    for (name, linear, attention, samples) in RECORDED_SWEEPS {
+        let profile = ComputeModel::from_measured(linear, attention).unwrap();
+        let mut cal = RecomputeCalibration::new(&profile, spread, FitConfig::default()).unwrap();
+        for &(n, scored, seconds) in samples {
+            let p = cal.predict(n, 0, 0.0).unwrap();
+            if scored && p.samples >= min_samples {
+                let e = seconds / p.seconds - 1.0;
+                assert!(e.is_finite(), "{name} {n}: {p:?}");
+                errs.push(e.abs());
+            }
+            cal.observe(RecomputeObservation { new_tokens: n, cached_tokens: 0, load: 0.0, seconds })
+                .unwrap();
+        }
+    }
+    errs
+}
+
+/// The recorded sweeps climb from 16 to 1,024 tokens, so each long recompute is predicted
+/// from shorter ones. With the profile's shape held (the default spread), the long ones are
+/// predicted within 11 % each (median under 8 %); with the shape as free as the scale (as the
+/// independent factors were before 2026-12-05), the short recomputes pull the attention factor
+/// down and the same points miss by 10–15 %.
+#[test]
+fn a_recorded_sweep_keeps_the_profiles_shape_at_long_prefixes() {
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let m = v.len();
+        if m % 2 == 1 { v[m / 2] } else { (v[m / 2 - 1] + v[m / 2]) / 2.0 }
+    };
+    let held = recorded_errors(RecomputeSpread::default(), 8);
+    assert_eq!(held.len(), 7);
+    let worst = held.iter().copied().fold(0.0, f64::max);
+    assert!(worst < 0.11 && median(held.clone()) < 0.08, "held shape: {held:?}");
+    let free = RecomputeSpread { shape: RecomputeSpread::default().scale, ..RecomputeSpread::default() };
+    let loose = recorded_errors(free, 8);
+    assert!(median(loose.clone()) > 0.10, "free shape: {loose:?}");
+}
+
+/// An engine whose cost is not the profile's shape: long prefills batch better, so the
+/// linear term per token falls from the profile's at 64 tokens to 60 % of it past ~300
+/// (what the reference engine does on this host: `bench/results/recompute-replay-2026-12-05/`).
+fn misshaped_truth(n: u64) -> f64 {
+    let p = profile();
+    let efficiency = 0.6 + 0.4 * (-(n as f64 - 64.0).max(0.0) / 96.0).exp();
+    0.004 + p.linear_seconds_per_token() * n as f64 * efficiency + p.recompute_seconds(n)
+        - p.linear_seconds_per_token() * n as f64
+}
+
+/// The size correction bends the fitted curve toward what recomputes of a similar size took:
+/// after a climbing sweep (16 … 1,024 tokens, twice, 3 % noise) the median error over the
+/// sizes visited and between them falls to under 3 % and under 60 % of the fit's alone, and
+/// from 128 tokens up every size is within 6 % (the fit alone misses by up to 11 %). A kernel
+/// half an e-fold wide cannot follow the residual's swing between 16 and 64 tokens (+25 % to
+/// −19 %), so the shortest sizes keep part of their error. A prefill far beyond every sample
+/// gets (almost) the fit's own prediction.
+#[test]
+fn a_misshaped_profile_is_bent_toward_recomputes_of_similar_size() {
+    let mut cal = recompute_cal(FitConfig::default());
+    let mut rng = Rng(5);
+    let sweep = [16u64, 32, 64, 128, 192, 256, 384, 512, 768, 1024];
+    for n in sweep.iter().chain(sweep.iter()) {
+        let seconds = misshaped_truth(*n) * (1.0 + 0.03 * rng.normal());
+        cal.observe(RecomputeObservation { new_tokens: *n, cached_tokens: 0, load: 0.0, seconds }).unwrap();
+    }
+    let fixed = cal.estimate().fixed_s;
+    let plain = cal.compute_model(0.0).unwrap().with_correction(None);
+    let (mut bent, mut alone, mut worst_long) = (Vec::new(), Vec::new(), 0.0f64);
+    for n in sweep.iter().copied().chain([48, 96, 320, 640, 896]) {
+        let truth = misshaped_truth(n);
+        let e = (cal.predict(n, 0, 0.0).unwrap().seconds / truth - 1.0).abs();
+        bent.push(e);
+        alone.push(((plain.recompute_seconds(n) + fixed) / truth - 1.0).abs());
+        if n >= 128 {
+            worst_long = worst_long.max(e);
+        }
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (bent, alone) = (median(bent), median(alone));
+    assert!(bent < 0.03 && bent < 0.6 * alone, "median error corrected {bent}, fit alone {alone}");
+    assert!(worst_long < 0.06, "{worst_long}");
+    let far = 16_384;
+    let ratio = cal.predict(far, 0, 0.0).unwrap().seconds / (plain.recompute_seconds(far) + fixed);
+    assert!((ratio - 1.0).abs() < 0.02, "far beyond the samples: {ratio}");
+}
+
 #[test]
 fn recompute_learns_the_load_dependence() {
     // Wall = (1 + 1.5 · utilization) × profile + 3 ms; utilization reported 0 … 0.9.
@@ -249,10 +387,12 @@ fn recompute_learns_the_load_dependence() {
         let err = worst_recompute_error(&cal, load, truth);
         assert!(err < 0.05, "load {load}: {err}");
     }
-    // The calibrated ComputeModel carries the same per-token costs (without the fixed cost).
+    // The calibrated ComputeModel carries the same per-token costs (without the fixed cost),
+    // and the same size correction (there keyed on the seconds without the fixed cost, so
+    // equal to well within the noise, not exactly).
     let m = cal.compute_model(0.5).unwrap();
     let p = cal.predict(512, 0, 0.5).unwrap().seconds;
-    assert!((m.recompute_seconds(512) + e.fixed_s - p).abs() < 1e-9 * p.max(1.0));
+    assert!(((m.recompute_seconds(512) + e.fixed_s) / p - 1.0).abs() < 1e-3, "{m:?} {p}");
 }
 
 #[test]
@@ -544,6 +684,7 @@ fn measured_1g_50ms() -> kvferry_model::migration::Measured {
         rtt_s: 0.05,
         fetch_utilization: 0.0,
         compute_utilization: 0.0,
+        recompute_correction: None,
     }
 }
 
@@ -590,7 +731,9 @@ fn calibrated_inputs_price_what_the_calibrations_predict() {
         let want = f.predict(bytes, 0.05).unwrap().seconds;
         assert!((model_fetch / want - 1.0).abs() < 1e-6, "{tokens}: {model_fetch} vs {want}");
         assert!((model_fetch / truth.seconds(bytes as f64, 0.05) - 1.0).abs() < 0.05, "{tokens}");
-        let compute = ComputeModel::from_measured(out.linear_s_per_token, out.attention_s_per_pair).unwrap();
+        let compute = ComputeModel::from_measured(out.linear_s_per_token, out.attention_s_per_pair)
+            .unwrap()
+            .with_correction(out.recompute_correction);
         let model_rec = compute.recompute_seconds(tokens);
         let want = r.predict(tokens, 0, 0.0).unwrap().seconds;
         assert!((model_rec / want - 1.0).abs() < 1e-6, "{tokens}: {model_rec} vs {want}");

@@ -23,6 +23,7 @@ fn measured(goodput_bps: f64, rtt_s: f64) -> Measured {
         rtt_s,
         fetch_utilization: 0.0,
         compute_utilization: 0.0,
+        recompute_correction: None,
     }
 }
 
@@ -179,6 +180,7 @@ fn arb_measured() -> impl Strategy<Value = Measured> {
             rtt_s: rtt,
             fetch_utilization: fr,
             compute_utilization: cr,
+            recompute_correction: None,
         })
 }
 

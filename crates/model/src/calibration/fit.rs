@@ -149,6 +149,16 @@ impl<const D: usize> RobustFit<D> {
         }
     }
 
+    /// The window's samples with their forgetting weights, newest first.
+    pub(crate) fn weighted_samples(&self) -> impl Iterator<Item = (&[f64; D], f64, f64)> {
+        let f = self.cfg.forgetting;
+        self.window.iter().rev().scan(1.0, move |w, (x, y)| {
+            let out = (x, *y, *w);
+            *w *= f;
+            Some(out)
+        })
+    }
+
     pub(crate) fn theta(&self) -> [f64; D] {
         self.theta
     }

@@ -153,7 +153,9 @@ impl Prediction {
 /// - **Recompute**: the calibrated per-token costs at `load` ([`RecomputeCalibration::
 ///   compute_model`]); the fitted fixed cost, which [`ComputeModel`](crate::ComputeModel) has
 ///   no term for, is spread over the prefix's tokens (exact for a full recompute of
-///   `prefix_tokens`; a split's shorter leg is charged its share).
+///   `prefix_tokens`; a split's shorter leg is charged its share), and the calibration's
+///   size correction ([`RecomputeCalibration::size_correction`]), so the model's recompute of
+///   the prefix equals [`RecomputeCalibration::predict`]'s mean.
 ///
 /// Pure: no state changes, no clock.
 pub fn calibrated(
@@ -175,6 +177,7 @@ pub fn calibrated(
         let spread = if prefix_tokens > 0 { fixed / prefix_tokens as f64 } else { 0.0 };
         out.linear_s_per_token = c.linear_seconds_per_token() + spread;
         out.attention_s_per_pair = c.attention_seconds_per_pair();
+        out.recompute_correction = c.correction;
     }
     Ok(out)
 }

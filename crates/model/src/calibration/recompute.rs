@@ -5,13 +5,23 @@
 //! its own (often CPU) clock. What a migration waits for is wall time, which on a shared or
 //! busy host is a multiple of it. The fit is
 //!
-//! `seconds ≈ fixed + α_lin · L + α_attn · A + γ · load · (L + A)`
+//! `seconds ≈ fixed + s · (L + A) + δ_lin · L + δ_attn · A + γ · load · (L + A)`
 //!
 //! with `L = linear · n`, `A = attention · pairs(c, n)` the profile's two terms, `fixed` the
 //! command's round trip and scheduling, and `load` whatever non-negative load figure the
 //! daemon has for the engine (its reported utilization when it has work queued, or its queue
 //! depth: the same figure at prediction time as at observation time). Prior: the profile is
-//! right (`α = 1`, `γ = 0`, `fixed = 0`).
+//! right (`s = 1`, `δ = 0`, `γ = 0`, `fixed = 0`).
+//!
+//! The two factors the cost model uses are `α_lin = s + δ_lin` and `α_attn = s + δ_attn`: a
+//! common **scale** with a loose prior (a host that runs everything 3× slower than the
+//! engine's own clock is learnt in a few recomputes) and two **shape** departures with a
+//! tight one. The shape is what the engine measured itself, at contexts short migrations never
+//! reach: a run of short recomputes (almost all linear term and fixed cost) says little about
+//! the attention term, and with independent factors it moved it anyway, so the first long
+//! recompute after them was predicted 10–15 % short (`bench/results/recompute-replay-2026-12-05/`).
+//! The departures still grow as the prior fades, so a profile whose shape is wrong is
+//! corrected too, more slowly.
 //!
 //! Owns: the per-engine fit and its conversion to a [`ComputeModel`]. Must not: read clocks or
 //! talk to the engine (samples are passed in).
@@ -20,9 +30,17 @@ use serde::{Deserialize, Serialize};
 
 use super::fit::{FitConfig, RobustFit};
 use super::{CalibrationError, Prediction, sample_non_negative, sample_seconds};
-use crate::compute::ComputeModel;
+use crate::compute::{ComputeModel, SizeCorrection};
 use crate::error::{ModelError, count, non_negative, positive};
 
+/// Kernel width of the size correction, in ln(seconds): a recompute twice as long as a sample
+/// weighs that sample's residual 62 %, four times as long 15 %.
+const SIZE_KERNEL_LN: f64 = 0.5;
+/// The size correction's pseudo-weight at factor 1: one sample at the query's size and this
+/// recent moves the correction 77 % of the way to its residual.
+const SIZE_PRIOR_WEIGHT: f64 = 0.3;
+/// Coefficients of the fit: fixed, scale, linear shape, attention shape, load.
+const D: usize = 5;
 /// Largest load figure a sample may carry.
 const MAX_LOAD: f64 = 1e6;
 /// Smallest per-token cost the calibrated [`ComputeModel`] is given (it must be positive).
@@ -46,17 +64,18 @@ pub struct RecomputeObservation {
 pub struct RecomputeSpread {
     /// Sd of the fixed cost, seconds (prior mean 0).
     pub fixed_s: f64,
-    /// Sd of the factor on the profile's linear term (prior mean 1).
-    pub linear_factor: f64,
-    /// Sd of the factor on the profile's attention term (prior mean 1).
-    pub attention_factor: f64,
+    /// Sd of the common factor on both of the profile's terms (prior mean 1).
+    pub scale: f64,
+    /// Sd of each term's departure from the common factor (prior mean 0): how far the
+    /// profile's shape (linear against attention) may be off.
+    pub shape: f64,
     /// Sd of the slowdown per unit of load (prior mean 0).
     pub load_factor: f64,
 }
 
 impl Default for RecomputeSpread {
     fn default() -> Self {
-        Self { fixed_s: 0.01, linear_factor: 1.0, attention_factor: 1.0, load_factor: 2.0 }
+        Self { fixed_s: 0.01, scale: 1.0, shape: 0.1, load_factor: 2.0 }
     }
 }
 
@@ -86,7 +105,7 @@ pub struct RecomputeEstimate {
 /// Online recompute calibration for one engine.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecomputeCalibration {
-    fit: RobustFit<4>,
+    fit: RobustFit<D>,
     linear_s: f64,
     attention_s: f64,
     spread: RecomputeSpread,
@@ -112,11 +131,11 @@ impl RecomputeCalibration {
         let (linear_s, attention_s) = terms_of(profile)?;
         let (mean, sd) = prior_of(&self.spread)?;
         let (old_l, old_a) = (self.linear_s, self.attention_s);
-        let rescale = |x: &[f64; 4]| {
-            let l = if old_l > 0.0 { x[1] / old_l * linear_s } else { 0.0 };
-            let a = if old_a > 0.0 { x[2] / old_a * attention_s } else { 0.0 };
-            let load = if x[1] + x[2] > 0.0 { x[3] / (x[1] + x[2]) } else { 0.0 };
-            [1.0, l, a, load * (l + a)]
+        let rescale = |x: &[f64; D]| {
+            let l = if old_l > 0.0 { x[2] / old_l * linear_s } else { 0.0 };
+            let a = if old_a > 0.0 { x[3] / old_a * attention_s } else { 0.0 };
+            let load = if x[1] > 0.0 { x[4] / x[1] } else { 0.0 };
+            [1.0, l + a, l, a, load * (l + a)]
         };
         self.fit.map_features(rescale);
         self.linear_s = linear_s;
@@ -139,18 +158,71 @@ impl RecomputeCalibration {
     pub fn predict(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> Result<Prediction, ModelError> {
         non_negative("load", load)?;
         let x = (new_tokens > 0).then(|| self.features(new_tokens, cached_tokens, load));
-        Ok(self.fit.prediction_at(x.as_ref()))
+        let p = self.fit.prediction_at(x.as_ref());
+        let f = self.size_factor(p.seconds);
+        Ok(Prediction { seconds: p.seconds * f, std_error_s: p.std_error_s * f, noise_s: p.noise_s * f, ..p })
+    }
+
+    /// The size correction (see [`SizeCorrection`]): at a prefill the fit predicts at `s`
+    /// seconds, the factor `exp(Σ wᵢ rᵢ / (w₀ + Σ wᵢ))` over the window's recomputes, `rᵢ` the
+    /// log residual of each against the fit now, `wᵢ` its forgetting weight times a Gaussian
+    /// kernel in `ln s − ln ŝᵢ` ([`SIZE_KERNEL_LN`]), `w₀` [`SIZE_PRIOR_WEIGHT`]. `None`
+    /// before the first sample. Tabulated over the samples' sizes widened by four kernel
+    /// widths each way, flat beyond; [`ComputeModel::recompute_span_seconds`] applies it.
+    pub fn size_correction(&self) -> Option<SizeCorrection> {
+        let mut lo = f64::INFINITY;
+        let mut hi = f64::NEG_INFINITY;
+        for (x, _, _) in self.fit.weighted_samples() {
+            let m = self.fit.mean_at(x);
+            if m > 0.0 {
+                lo = lo.min(m.ln());
+                hi = hi.max(m.ln());
+            }
+        }
+        if lo > hi {
+            return None;
+        }
+        let (lo, hi) = (lo - 4.0 * SIZE_KERNEL_LN, hi + 4.0 * SIZE_KERNEL_LN);
+        let step = (hi - lo) / (crate::compute::SIZE_KNOTS - 1) as f64;
+        SizeCorrection::from_fn(lo.exp(), step, |ln_s| self.size_ln_factor(ln_s))
+    }
+
+    /// ln of the size factor at a prefill the fit predicts at `ln_s` (see
+    /// [`size_correction`](Self::size_correction)).
+    fn size_ln_factor(&self, ln_s: f64) -> f64 {
+        let (mut num, mut den) = (0.0, SIZE_PRIOR_WEIGHT);
+        for (x, y, w) in self.fit.weighted_samples() {
+            let m = self.fit.mean_at(x);
+            if m > 0.0 {
+                let d = (ln_s - m.ln()) / SIZE_KERNEL_LN;
+                let k = w * (-0.5 * d * d).exp();
+                num += k * (y / m).ln();
+                den += k;
+            }
+        }
+        num / den
+    }
+
+    fn size_factor(&self, seconds: f64) -> f64 {
+        self.size_correction().map_or(1.0, |c| c.factor(seconds))
     }
 
     /// The calibrated figures.
     pub fn estimate(&self) -> RecomputeEstimate {
-        let [fixed_s, linear_factor, attention_factor, load_factor] = self.fit.theta();
+        let [fixed_s, scale, d_lin, d_attn, load_factor] = self.fit.theta();
+        let (linear_factor, attention_factor) = (scale + d_lin, scale + d_attn);
+        let sd = self.fit.theta_sd();
         RecomputeEstimate {
             fixed_s,
             linear_factor,
             attention_factor,
             load_factor,
-            sd: self.fit.theta_sd(),
+            sd: [
+                sd[0],
+                self.fit.std_error_at(&[0.0, 1.0, 1.0, 0.0, 0.0]),
+                self.fit.std_error_at(&[0.0, 1.0, 0.0, 1.0, 0.0]),
+                sd[4],
+            ],
             linear_s_per_token: linear_factor * self.linear_s,
             attention_s_per_pair: attention_factor * self.attention_s,
             noise: self.fit.noise(),
@@ -163,10 +235,11 @@ impl RecomputeCalibration {
     /// compute path's wait, or predictions of short prefixes stay low by that much.
     pub fn compute_model(&self, load: f64) -> Result<ComputeModel, ModelError> {
         non_negative("load", load)?;
-        let [_, al, aa, g] = self.fit.theta();
+        let [_, scale, d_lin, d_attn, g] = self.fit.theta();
+        let (al, aa) = (scale + d_lin, scale + d_attn);
         let linear = (self.linear_s * (al + g * load)).max(MIN_LINEAR_S);
         let attention = self.attention_s * (aa + g * load);
-        ComputeModel::from_measured(linear, attention)
+        Ok(ComputeModel::from_measured(linear, attention)?.with_correction(self.size_correction()))
     }
 
     /// Samples accepted so far.
@@ -174,12 +247,12 @@ impl RecomputeCalibration {
         self.fit.accepted()
     }
 
-    fn features(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> [f64; 4] {
+    fn features(&self, new_tokens: u64, cached_tokens: u64, load: f64) -> [f64; D] {
         let n = new_tokens as f64;
         let c = cached_tokens as f64;
         let l = self.linear_s * n;
         let a = self.attention_s * (n * c + n * (n + 1.0) / 2.0);
-        [1.0, l, a, load * (l + a)]
+        [1.0, l + a, l, a, load * (l + a)]
     }
 }
 
@@ -189,14 +262,14 @@ fn terms_of(profile: &ComputeModel) -> Result<(f64, f64), ModelError> {
     Ok((c.linear_seconds_per_token(), c.attention_seconds_per_pair()))
 }
 
-fn prior_of(spread: &RecomputeSpread) -> Result<([f64; 4], [f64; 4]), ModelError> {
+fn prior_of(spread: &RecomputeSpread) -> Result<([f64; D], [f64; D]), ModelError> {
     positive("spread.fixed_s", spread.fixed_s)?;
-    positive("spread.linear_factor", spread.linear_factor)?;
-    positive("spread.attention_factor", spread.attention_factor)?;
+    positive("spread.scale", spread.scale)?;
+    positive("spread.shape", spread.shape)?;
     positive("spread.load_factor", spread.load_factor)?;
     Ok((
-        [0.0, 1.0, 1.0, 0.0],
-        [spread.fixed_s, spread.linear_factor, spread.attention_factor, spread.load_factor],
+        [0.0, 1.0, 0.0, 0.0, 0.0],
+        [spread.fixed_s, spread.scale, spread.shape, spread.shape, spread.load_factor],
     ))
 }
 
