@@ -2,7 +2,9 @@
 //! prediction-error figures: each pure recompute predicted before it is observed.
 //!
 //! `cargo run --release -p kvferry-model --example replay_recompute -- TRACES.json`
-//! (TRACES from `bench/results/recompute-replay-*/extract.py`).
+//! (TRACES from `bench/results/recompute-replay-*/extract.py`). Environment: `REPLAY_ALL=1`
+//! scores the loaded-host profile too (as the bench does), `REPLAY_VERBOSE=1` prints every
+//! scored point, `REPLAY_SHAPE_SD` / `REPLAY_SCALE_SD` override [`RecomputeSpread`]'s.
 
 use std::collections::BTreeMap;
 
