@@ -95,9 +95,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })?;
         }
     }
-    println!(
-        "idle profiles; median |measured / predicted - 1| of pure recomputes, predicted before observed"
-    );
+    let which = if all { "every profile" } else { "idle profiles (REPLAY_ALL=1: every profile)" };
+    println!("{which}; median |measured / predicted - 1| of pure recomputes, predicted before observed");
     for (b, mut v) in buckets {
         println!("  samples {b:>4}: n={:3} median {:.1} %", v.len(), 100.0 * median(&mut v));
     }

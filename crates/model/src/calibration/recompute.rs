@@ -106,6 +106,9 @@ pub struct RecomputeEstimate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RecomputeCalibration {
     fit: RobustFit<D>,
+    /// The size correction of the current fit and window, recomputed when they change (in
+    /// `observe` and `rebase`), so predicting does not walk the window.
+    correction: Option<SizeCorrection>,
     linear_s: f64,
     attention_s: f64,
     spread: RecomputeSpread,
@@ -122,7 +125,7 @@ impl RecomputeCalibration {
         cfg.validate()?;
         let (mean, sd) = prior_of(&spread)?;
         let (linear_s, attention_s) = terms_of(profile)?;
-        Ok(Self { fit: RobustFit::new(cfg, mean, sd), linear_s, attention_s, spread })
+        Ok(Self { fit: RobustFit::new(cfg, mean, sd), correction: None, linear_s, attention_s, spread })
     }
 
     /// The engine reported a new profile: keep the window, re-express it against the new
@@ -141,6 +144,7 @@ impl RecomputeCalibration {
         self.linear_s = linear_s;
         self.attention_s = attention_s;
         self.fit.rebase(mean, sd);
+        self.correction = self.size_correction_now();
         Ok(())
     }
 
@@ -150,6 +154,7 @@ impl RecomputeCalibration {
         let load = sample_non_negative("recompute.load", obs.load, MAX_LOAD)?;
         let y = sample_seconds("recompute.seconds", obs.seconds)?;
         self.fit.push(self.features(obs.new_tokens, obs.cached_tokens, load), y);
+        self.correction = self.size_correction_now();
         Ok(())
     }
 
@@ -170,6 +175,10 @@ impl RecomputeCalibration {
     /// before the first sample. Tabulated over the samples' sizes widened by four kernel
     /// widths each way, flat beyond; [`ComputeModel::recompute_span_seconds`] applies it.
     pub fn size_correction(&self) -> Option<SizeCorrection> {
+        self.correction
+    }
+
+    fn size_correction_now(&self) -> Option<SizeCorrection> {
         let mut lo = f64::INFINITY;
         let mut hi = f64::NEG_INFINITY;
         for (x, _, _) in self.fit.weighted_samples() {
@@ -204,7 +213,7 @@ impl RecomputeCalibration {
     }
 
     fn size_factor(&self, seconds: f64) -> f64 {
-        self.size_correction().map_or(1.0, |c| c.factor(seconds))
+        self.correction.map_or(1.0, |c| c.factor(seconds))
     }
 
     /// The calibrated figures.
