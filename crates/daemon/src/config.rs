@@ -411,16 +411,18 @@ pub struct Runtime {
 }
 
 /// Link rate one runtime worker thread is given when `runtime.worker_threads` is 0 (auto).
-/// Measured (2026-12-05, `kvferry bench --no-decisions --no-baselines`, this 2-core VM, with
-/// the timer-driven receive hold and recycled staging): at 100 Mbit/s × 20 ms one worker
-/// costs 6.2–7.3 CPU s/GiB per side where two cost 10–15 (their wake-ups of each other, not
-/// packet work); at 1 Gbit/s one worker costs 2.3–2.9 and two 2.7–3.8, but one worker lands
-/// a 4 MiB chunk (checksum, copy) on the thread that reads the socket and sends the ACKs, and
-/// 1 GiB reached 88.4–93.1 % of the link (four runs) against 93.5–94.3 % with two. So a
-/// second worker from 500 Mbit/s on; one connection on direct loopback moves 2.3–3.3 Gbit/s
-/// on one core (`bench/results/wire-loopback.md`), so the cores, not this rule, cap faster
-/// links.
-pub const GBPS_PER_WORKER: f64 = 0.5;
+/// The workers only move packets: the per-chunk copying and hashing runs on the runtime's
+/// blocking pool (`kvferry_peer`'s `offload`). Measured (2026-12-05, `kvferry bench
+/// --no-decisions --no-baselines`, this 2-core VM; `bench/results/offload-2026-12-05/`): at
+/// 1 Gbit/s one worker with the chunk work offloaded costs 1.7–2.0 CPU s/GiB per side where
+/// two workers (the earlier rule, chunk work inline) cost 1.9–2.5 at the same rate (2 GiB at
+/// 1 Gbit/s × 150 ms: 94.9 % of the link either way); before the offload, one worker lost 1–5
+/// points of 1 Gbit/s to chunk work on the thread that reads the socket. At 100 Mbit/s two
+/// workers cost about twice the CPU of one (their wake-ups of each other). At ~2 CPU s/GiB a
+/// worker's packet work is half a core at 2 Gbit/s, hence one worker per 2 Gbit/s; one
+/// connection on direct loopback moves 2.3–3.3 Gbit/s on one core
+/// (`bench/results/wire-loopback.md`), so the cores, not this rule, cap faster links.
+pub const GBPS_PER_WORKER: f64 = 2.0;
 
 /// The most worker threads `runtime.worker_threads` may ask for.
 pub const MAX_WORKER_THREADS: u32 = 1024;
@@ -925,9 +927,10 @@ mod tests {
         // No peers, slow peers: one worker; the fastest peer decides.
         assert_eq!(with(&[], 0).runtime_workers(16), 1);
         assert_eq!(with(&[0.1, 0.5], 0).runtime_workers(16), 1);
-        assert_eq!(with(&[0.1, 0.6], 0).runtime_workers(16), 2);
-        assert_eq!(with(&[1.0, 0.1], 0).runtime_workers(16), 2);
-        assert_eq!(with(&[2.0], 0).runtime_workers(16), 4);
+        assert_eq!(with(&[1.0, 0.1], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[2.0], 0).runtime_workers(16), 1);
+        assert_eq!(with(&[0.1, 2.5], 0).runtime_workers(16), 2);
+        assert_eq!(with(&[10.0], 0).runtime_workers(16), 5);
         assert_eq!(with(&[10.0], 0).runtime_workers(2), 2, "never more than the cores");
         assert_eq!(with(&[100.0], 0).runtime_workers(16), 16);
         assert_eq!(with(&[100.0], 0).runtime_workers(0), 1, "at least one");

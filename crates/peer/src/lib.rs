@@ -6,6 +6,7 @@ mod coalesce;
 pub mod io;
 mod link;
 pub mod node;
+mod offload;
 mod owner;
 pub mod pool_io;
 pub mod probe;

@@ -245,8 +245,9 @@ pub(crate) async fn serve_transfer(
             if let Some(work) = owner.next_work() {
                 let spec = work.spec();
                 let lease = node.serve_budget.lease(spec.len).await?;
-                let bytes = served.source.read(spec).await?;
-                let header = owner.chunk_ready(work, (*bytes).as_ref())?;
+                let (bytes, summed) =
+                    crate::offload::read_and_sum(&served.source, spec, owner.transfer_id()).await?;
+                let header = owner.chunk_ready_summed(work, &summed)?;
                 if let (Some(h), Work::Send(_)) = (header, work) {
                     #[cfg(feature = "fault-injection")]
                     let bytes = crate::io::maybe_corrupt(&*served.source, &spec, bytes);

@@ -47,6 +47,12 @@ impl Deref for RecvBuf {
     }
 }
 
+impl AsRef<[u8]> for RecvBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 impl DerefMut for RecvBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         &mut self.0

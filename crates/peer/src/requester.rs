@@ -301,13 +301,14 @@ impl PeerNode {
         stats: &mut RunStats,
         (h, payload, lease): Chunk,
     ) -> Result<Option<Chunk>, WireError> {
-        let verdict = core.on_chunk(ns_since(stats.t0), &h, &payload);
+        let (payload, summed) = crate::offload::sum(h.transfer_id, h.chunk_id, payload).await?;
+        let verdict = core.on_chunk_summed(ns_since(stats.t0), &h, &summed);
         if let Err(WireError::TooManyRetries { .. }) = verdict {
             self.verify_failures.fetch_add(1, Ordering::Relaxed);
         }
         match verdict? {
             ChunkVerdict::Land(spec) => {
-                if let Err(e) = sink.land(spec, &payload).await {
+                if let Err(e) = crate::offload::land(sink, spec, payload).await {
                     let _ = core.cancel(&format!("landing failed: {e}"));
                     return Err(e.into());
                 }

@@ -76,6 +76,9 @@ pub enum LocalError {
     /// source changed under the owner.
     #[error("chunk {chunk} changed while being served")]
     SourceChanged { chunk: u32 },
+    /// A chunk's [`crate::Summed`] was computed for another transfer or chunk (a driver bug).
+    #[error("chunk {chunk} was hashed as another chunk or transfer")]
+    MisboundSum { chunk: u32 },
     /// This side's chunk memory (a pool, the landing zone) failed; the typed error is kept.
     #[error("{0}")]
     Memory(Cause),

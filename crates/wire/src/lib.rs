@@ -17,6 +17,7 @@ pub mod plan;
 pub mod requester;
 pub mod state;
 
+pub use checksum::Summed;
 pub use error::{Cause, LocalError, WireError};
 pub use estimator::{EstimatorConfig, EstimatorError, LinkEstimate, LinkEstimator};
 pub use frame::{BlockHash, ChunkHeader, Done, FetchRequest, Frame, Manifest, Probe, Refusal, RefusalCode};

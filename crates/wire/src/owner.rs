@@ -10,7 +10,7 @@
 
 use std::collections::VecDeque;
 
-use crate::checksum::{chunk_checksum, transfer_digest};
+use crate::checksum::{Summed, transfer_digest};
 use crate::error::{LocalError, WireError};
 use crate::frame::{ChunkHeader, Done, FetchRequest, Manifest, Refusal, RefusalCode};
 use crate::plan::{ChunkPlan, ChunkSpec, MAX_CHUNK, MIN_CHUNK};
@@ -135,16 +135,24 @@ impl Owner {
     /// The bytes of a chunk from [`Owner::next_work`]; returns the header to send for
     /// [`Work::Send`], `None` for [`Work::ChecksumOnly`].
     pub fn chunk_ready(&mut self, work: Work, payload: &[u8]) -> Result<Option<ChunkHeader>, WireError> {
+        let summed = Summed::of(self.transfer_id, work.spec().id, payload);
+        self.chunk_ready_summed(work, &summed)
+    }
+
+    /// [`Owner::chunk_ready`] for a chunk the driver already hashed ([`Summed::of`] with this
+    /// transfer's id and the work's chunk id), so the hashing can run off the network thread.
+    pub fn chunk_ready_summed(
+        &mut self,
+        work: Work,
+        summed: &Summed,
+    ) -> Result<Option<ChunkHeader>, WireError> {
         let spec = work.spec();
-        if payload.len() as u64 != spec.len || self.plan.chunk(spec.id) != Some(spec) {
-            return Err(LocalError::ChunkSize {
-                chunk: spec.id,
-                got: payload.len() as u64,
-                planned: spec.len,
-            }
-            .into());
+        if summed.len() != spec.len || self.plan.chunk(spec.id) != Some(spec) {
+            return Err(LocalError::ChunkSize { chunk: spec.id, got: summed.len(), planned: spec.len }.into());
         }
-        let sum = chunk_checksum(self.transfer_id, spec.id, payload);
+        let Some(sum) = summed.checksum_for(self.transfer_id, spec.id) else {
+            return Err(LocalError::MisboundSum { chunk: spec.id }.into());
+        };
         match self.checksums[spec.id as usize] {
             Some(old) if old != sum => {
                 // The source changed under us: these blocks are no longer what we promised.

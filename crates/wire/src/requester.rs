@@ -14,7 +14,7 @@
 
 use std::collections::VecDeque;
 
-use crate::checksum::{chunk_checksum, transfer_digest};
+use crate::checksum::{Summed, transfer_digest};
 use crate::error::WireError;
 use crate::frame::{
     BlockHash, ChunkHeader, Complete, Done, FetchRequest, Frame, Manifest, Refusal, Retransmit,
@@ -247,6 +247,19 @@ impl Requester {
         h: &ChunkHeader,
         payload: &[u8],
     ) -> Result<ChunkVerdict, WireError> {
+        let summed = Summed::of(h.transfer_id, h.chunk_id, payload);
+        self.on_chunk_summed(now_ns, h, &summed)
+    }
+
+    /// [`Requester::on_chunk`] for a payload the driver already hashed ([`Summed::of`] with the
+    /// header's transfer and chunk id), so the hashing can run off the network thread. A sum
+    /// computed for another transfer or chunk does not verify.
+    pub fn on_chunk_summed(
+        &mut self,
+        now_ns: u64,
+        h: &ChunkHeader,
+        summed: &Summed,
+    ) -> Result<ChunkVerdict, WireError> {
         self.check_deadline(now_ns)?;
         if h.transfer_id != self.transfer_id || self.machine.is_terminal() {
             return Ok(ChunkVerdict::Ignored);
@@ -266,8 +279,8 @@ impl Requester {
         }
         let header_ok = h.blocks == spec.blocks && h.layers == spec.layers && h.len == spec.len;
         let payload_ok = header_ok
-            && payload.len() as u64 == spec.len
-            && chunk_checksum(self.transfer_id, spec.id, payload) == h.checksum;
+            && summed.len() == spec.len
+            && summed.checksum_for(self.transfer_id, spec.id) == Some(h.checksum);
         if !payload_ok {
             self.retries[idx] += 1;
             if self.retries[idx] > self.cfg.max_retries_per_chunk {
