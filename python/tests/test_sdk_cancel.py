@@ -7,9 +7,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
+import pytest
 
 from kvferry.sdk import EngineClient, Lease
 from kvferry.v1 import kvferry_pb2 as pb
@@ -44,9 +46,23 @@ class _Daemon(rpc.EngineServicer):
             yield cmd
 
 
+_POOLS: list[futures.ThreadPoolExecutor] = []
+
+
+@pytest.fixture(autouse=True)
+def _shut_the_pools() -> Iterator[None]:
+    """The stand-in daemon's handler threads end with its test (a stopped gRPC server does not
+    shut down the executor it was given)."""
+    yield
+    while _POOLS:
+        _POOLS.pop().shutdown(wait=False, cancel_futures=True)
+
+
 def _serve(tmp_path):
     d = _Daemon()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pool = futures.ThreadPoolExecutor(max_workers=4)
+    _POOLS.append(pool)
+    server = grpc.server(pool)
     rpc.add_EngineServicer_to_server(d, server)
     sock = tmp_path / "engine.sock"
     server.add_insecure_port(f"unix:{sock}")

@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
@@ -64,11 +65,25 @@ class _Daemon(rpc.EngineServicer):
         self._ended.set()
 
 
+_POOLS: list[futures.ThreadPoolExecutor] = []
+
+
+@pytest.fixture(autouse=True)
+def _shut_the_pools() -> Iterator[None]:
+    """Each stand-in daemon's handler threads end with its test: a stopped gRPC server does
+    not shut down the executor it was given, whose idle workers otherwise live until it is
+    garbage-collected."""
+    yield
+    while _POOLS:
+        _POOLS.pop().shutdown(wait=False, cancel_futures=True)
+
+
 def _serve(sock: str, name: str) -> tuple[_Daemon, grpc.Server]:
     if os.path.exists(sock):
         os.unlink(sock)
     d = _Daemon(name)
     d.pool = futures.ThreadPoolExecutor(max_workers=8)
+    _POOLS.append(d.pool)
     server = grpc.server(d.pool)
     rpc.add_EngineServicer_to_server(d, server)
     server.add_insecure_port(f"unix:{sock}")
