@@ -5,10 +5,15 @@
 //!
 //! - **other work** — the host's busy CPU less this daemon's and its registered engines'
 //!   (their processes named by the Engine API socket's peer credentials), in 50 ms windows
-//!   sampled from `/proc/stat` and `/proc/<pid>/stat`; the figure is the *quietest* window of
-//!   the last [`HORIZON`]. Back-to-back migrations keep the host busy with this region's own
-//!   work (which is subtracted) and, in the bench, with the peer region's processes on the same
-//!   host (which are not, and which come and go); the minimum finds the work that stays.
+//!   sampled from `/proc/stat` and `/proc/<pid>/stat`, each per second of the time the kernel
+//!   *accounted* (all of `/proc/stat`'s fields over its CPUs, not the wall clock: ticks a
+//!   paused virtual CPU never counted are missing from both sides of the ratio, never read as
+//!   idle); the figure is the *quietest* span of [`QUIET_SPAN`] consecutive windows (200 ms:
+//!   one 50 ms window is a few ticks, and its rounding alone moved the minimum of 60 of them by
+//!   a fifth of a core) in the last [`HORIZON`]. Back-to-back migrations keep the host busy
+//!   with this region's own work (which is subtracted) and, in the bench, with the peer
+//!   region's processes on the same host (which are not, and which come and go); the minimum
+//!   finds the work that stays.
 //! - **the fetch's CPU per byte** — the host's busy CPU while a pure fetch ran (this daemon
 //!   and everything the transfer makes busy on this host: the kernel's network path, a peer
 //!   daemon or an emulator on the same host), less the engines' and less the other work over
@@ -35,17 +40,30 @@ pub const WINDOW: Duration = Duration::from_millis(50);
 pub const HORIZON: Duration = Duration::from_secs(3);
 /// Windows needed before the other work is reported (half a second).
 pub const MIN_WINDOWS: usize = 10;
+/// Consecutive windows the quietest span is made of (200 ms).
+pub const QUIET_SPAN: usize = 4;
 /// An engine's prefill cores before its first pure recompute: a CPU prefill keeps at least one
 /// core busy, and so does a GPU engine's host thread while it waits on the device.
 pub const DEFAULT_COMPUTE_CORES: f64 = 1.0;
 /// Engine processes followed at most (registrations from more are not followed).
 pub const MAX_ENGINE_PIDS: usize = 64;
 
-/// The host's busy ticks (user, nice, system, irq, softirq, steal: guest time is inside user)
-/// from the first line of `/proc/stat`.
-pub fn parse_host_busy(stat: &str) -> Option<u64> {
-    let line = stat.lines().next()?;
-    let mut f = line.split_ascii_whitespace();
+/// The host's ticks from `/proc/stat`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostTicks {
+    /// User, nice, system, irq, softirq, steal (guest time is inside user).
+    pub busy: u64,
+    /// Every state the kernel accounted: the busy ones, idle and iowait.
+    pub accounted: u64,
+    /// The `cpuN` lines: the CPUs the first line sums over.
+    pub cpus: u32,
+}
+
+/// The host's ticks from `/proc/stat`: the first line's busy and accounted sums, and the CPUs
+/// listed after it.
+pub fn parse_host_ticks(stat: &str) -> Option<HostTicks> {
+    let mut lines = stat.lines();
+    let mut f = lines.next()?.split_ascii_whitespace();
     if f.next()? != "cpu" {
         return None;
     }
@@ -54,7 +72,13 @@ pub fn parse_host_busy(stat: &str) -> Option<u64> {
         return None;
     }
     let at = |i: usize| v.get(i).copied().unwrap_or(0);
-    Some(at(0) + at(1) + at(2) + at(5) + at(6) + at(7))
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6) + at(7);
+    let accounted = busy + at(3) + at(4);
+    let cpus = lines
+        .take_while(|l| l.starts_with("cpu"))
+        .filter(|l| l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    Some(HostTicks { busy, accounted, cpus: u32::try_from(cpus).ok().filter(|&c| c > 0)? })
 }
 
 /// A process's user + system ticks from its `/proc/<pid>/stat` (fields 14 and 15, counted
@@ -72,7 +96,7 @@ pub fn parse_process_ticks(stat: &str) -> Option<u64> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Reading {
     pub at: Instant,
-    pub host_busy: u64,
+    pub host: HostTicks,
     pub own: u64,
     pub engines: BTreeMap<u32, u64>,
 }
@@ -84,17 +108,22 @@ impl Reading {
         self.engines.iter().filter_map(|(pid, t)| b.engines.get(pid).map(|u| u.saturating_sub(*t))).sum()
     }
 
-    /// The other work's cores between `self` and the later `b`: the host's busy ticks less this
-    /// process's and the engines', per second of the interval, at `hz` ticks a second. `None`
-    /// for an empty interval.
-    pub fn other_cores_until(&self, b: &Reading, hz: f64) -> Option<f64> {
-        let dt = b.at.checked_duration_since(self.at)?.as_secs_f64();
-        if dt <= 0.0 {
-            return None;
-        }
-        let busy = b.host_busy.saturating_sub(self.host_busy);
+    /// The other work between `self` and the later `b`: (its ticks — the host's busy ticks less
+    /// this process's and the engines' —, the interval's seconds as the kernel accounted them
+    /// per CPU). `None` for an empty or backwards interval.
+    pub fn other_ticks_until(&self, b: &Reading, hz: f64) -> Option<(u64, f64)> {
+        b.at.checked_duration_since(self.at).filter(|d| !d.is_zero())?;
+        let accounted = b.host.accounted.checked_sub(self.host.accounted).filter(|&t| t > 0)?;
+        let busy = b.host.busy.saturating_sub(self.host.busy);
         let ours = b.own.saturating_sub(self.own) + self.engine_ticks_until(b);
-        Some(busy.saturating_sub(ours) as f64 / hz / dt)
+        Some((busy.saturating_sub(ours), accounted as f64 / hz / f64::from(b.host.cpus.max(1))))
+    }
+
+    /// The other work's cores between `self` and the later `b`: [`Self::other_ticks_until`]'s
+    /// ticks per accounted second, at `hz` ticks a second.
+    pub fn other_cores_until(&self, b: &Reading, hz: f64) -> Option<f64> {
+        let (ticks, s) = self.other_ticks_until(b, hz)?;
+        Some(ticks as f64 / hz / s)
     }
 }
 
@@ -112,8 +141,8 @@ pub struct Floor {
 #[derive(Default)]
 struct State {
     last: Option<Reading>,
-    /// (window's end, other work's cores in it), oldest first.
-    windows: VecDeque<(Instant, f64)>,
+    /// (window's end, other work's ticks in it, its accounted seconds), oldest first.
+    windows: VecDeque<(Instant, u64, f64)>,
     fetch: CpuCost,
     compute: HashMap<String, CpuCost>,
 }
@@ -172,7 +201,7 @@ impl HostCpu {
 
     /// Reads the counters now; `None` where `/proc` cannot be read.
     pub fn read(&self) -> Option<Reading> {
-        let host_busy = parse_host_busy(&std::fs::read_to_string("/proc/stat").ok()?)?;
+        let host = parse_host_ticks(&std::fs::read_to_string("/proc/stat").ok()?)?;
         let own = parse_process_ticks(&std::fs::read_to_string("/proc/self/stat").ok()?)?;
         let pids: Vec<u32> = self.engine_pids.locked().iter().copied().collect();
         let mut engines = BTreeMap::new();
@@ -189,33 +218,42 @@ impl HostCpu {
                 }
             }
         }
-        Some(Reading { at: Instant::now(), host_busy, own, engines })
+        Some(Reading { at: Instant::now(), host, own, engines })
     }
 
     /// Closes a window at `now` (the sampler's step; tests feed readings directly).
     pub fn sample(&self, now: Reading) {
         let mut s = self.state.locked();
-        if let Some(other) = s.last.as_ref().and_then(|l| l.other_cores_until(&now, self.hz)) {
-            s.windows.push_back((now.at, other));
+        if let Some((ticks, secs)) = s.last.as_ref().and_then(|l| l.other_ticks_until(&now, self.hz)) {
+            s.windows.push_back((now.at, ticks, secs));
         }
-        while s.windows.front().is_some_and(|(t, _)| now.at.saturating_duration_since(*t) > HORIZON) {
+        while s.windows.front().is_some_and(|(t, _, _)| now.at.saturating_duration_since(*t) > HORIZON) {
             s.windows.pop_front();
         }
         s.last = Some(now);
     }
 
-    /// The other work's cores: the quietest window of the last [`HORIZON`], once there are
-    /// [`MIN_WINDOWS`] of them.
+    /// The other work's cores: the quietest span of [`QUIET_SPAN`] consecutive windows in the
+    /// last [`HORIZON`] (its ticks over its accounted seconds), once there are [`MIN_WINDOWS`]
+    /// windows.
     pub fn other_cores(&self) -> Option<f64> {
         let s = self.state.locked();
-        (s.windows.len() >= MIN_WINDOWS)
-            .then(|| s.windows.iter().map(|(_, c)| *c).fold(f64::INFINITY, f64::min))
+        if s.windows.len() < MIN_WINDOWS {
+            return None;
+        }
+        let w: Vec<(u64, f64)> = s.windows.iter().map(|&(_, t, secs)| (t, secs)).collect();
+        w.windows(QUIET_SPAN)
+            .filter_map(|span| {
+                let (ticks, secs) = span.iter().fold((0u64, 0.0), |(t, s), &(u, v)| (t + u, s + v));
+                (secs > 0.0).then(|| ticks as f64 / self.hz / secs)
+            })
+            .reduce(f64::min)
     }
 
     /// Folds in a pure fetch of `bytes` that ran from `start` to `end`.
     pub fn observe_fetch(&self, start: &Reading, end: &Reading, bytes: u64) {
         let Some(wall) = end.at.checked_duration_since(start.at).map(|d| d.as_secs_f64()) else { return };
-        let busy = end.host_busy.saturating_sub(start.host_busy);
+        let busy = end.host.busy.saturating_sub(start.host.busy);
         let ticks = busy.saturating_sub(start.engine_ticks_until(end));
         let cpu = (ticks as f64 / self.hz - self.other_cores().unwrap_or(0.0) * wall).max(0.0);
         if bytes > 0 {
@@ -233,7 +271,7 @@ impl HostCpu {
         let cpu = if followed {
             start.engine_ticks_until(end) as f64 / self.hz
         } else {
-            let busy = end.host_busy.saturating_sub(start.host_busy);
+            let busy = end.host.busy.saturating_sub(start.host.busy);
             let own = end.own.saturating_sub(start.own);
             (busy.saturating_sub(own) as f64 / self.hz - self.other_cores().unwrap_or(0.0) * wall).max(0.0)
         };
@@ -289,12 +327,18 @@ mod tests {
         "cpu  1000 20 300 5000 40 5 6 7 100 0\ncpu0 500 10 150 2500 20 2 3 3 50 0\nintr 1 2 3\n";
 
     #[test]
-    fn the_host_line_sums_the_busy_fields() {
-        assert_eq!(parse_host_busy(STAT), Some(1000 + 20 + 300 + 5 + 6 + 7));
-        assert_eq!(parse_host_busy("cpu  1 2 3 4\n"), Some(6), "old kernels: four fields");
-        for bad in ["", "cpu0 1 2 3 4 5", "cpu 1 2", "cpu 1 x 3 4 5", "intr 1"] {
-            assert_eq!(parse_host_busy(bad), None, "{bad:?}");
+    fn the_host_line_sums_the_busy_and_the_accounted_fields() {
+        let t = parse_host_ticks(STAT).unwrap();
+        assert_eq!(t.busy, 1000 + 20 + 300 + 5 + 6 + 7);
+        assert_eq!(t.accounted, t.busy + 5000 + 40, "idle and iowait are accounted, not busy");
+        assert_eq!(t.cpus, 1);
+        let two = parse_host_ticks("cpu  1 2 3 4\ncpu0 1 1 1 2\ncpu1 0 1 2 2\nintr 5\n").unwrap();
+        assert_eq!((two.busy, two.accounted, two.cpus), (6, 10, 2), "old kernels: four fields");
+        for bad in ["", "cpu0 1 2 3 4 5", "cpu 1 2", "cpu 1 x 3 4 5", "intr 1", "cpu 1 2 3 4\nintr 1"] {
+            assert_eq!(parse_host_ticks(bad), None, "{bad:?}");
         }
+        let real = parse_host_ticks(&std::fs::read_to_string("/proc/stat").unwrap()).unwrap();
+        assert!(real.cpus >= 1 && real.accounted >= real.busy, "{real:?}");
     }
 
     #[test]
@@ -307,10 +351,22 @@ mod tests {
         assert!(parse_process_ticks(&real).is_some(), "{real}");
     }
 
+    /// A reading of a 2-CPU host at 100 Hz whose every tick was accounted.
     fn at(t0: Instant, ms: u64, host: u64, own: u64, engines: &[(u32, u64)]) -> Reading {
+        accounted(t0, ms, host, 1_000_000 + ms / 5, own, engines)
+    }
+
+    fn accounted(
+        t0: Instant,
+        ms: u64,
+        busy: u64,
+        accounted: u64,
+        own: u64,
+        engines: &[(u32, u64)],
+    ) -> Reading {
         Reading {
             at: t0 + Duration::from_millis(ms),
-            host_busy: host,
+            host: HostTicks { busy, accounted, cpus: 2 },
             own,
             engines: engines.iter().copied().collect(),
         }
@@ -331,22 +387,61 @@ mod tests {
     }
 
     #[test]
-    fn the_quietest_window_of_the_horizon_is_the_other_work() {
+    fn other_work_is_per_accounted_second_not_per_wall_second() {
+        let t0 = Instant::now();
+        // 100 ms of wall clock in which the kernel accounted only 60 ms per CPU (a paused
+        // virtual CPU): 12 ticks, every one busy, is both CPUs busy, not 1.2 of them.
+        let a = accounted(t0, 0, 1000, 2000, 0, &[]);
+        let b = accounted(t0, 100, 1012, 2012, 0, &[]);
+        assert!((a.other_cores_until(&b, 100.0).unwrap() - 2.0).abs() < 1e-9);
+        assert_eq!(
+            a.other_cores_until(&accounted(t0, 100, 1000, 2000, 0, &[]), 100.0),
+            None,
+            "nothing accounted"
+        );
+    }
+
+    #[test]
+    fn the_quietest_span_of_the_horizon_is_the_other_work() {
         let host = HostCpu::with(2.0, 100.0);
         let t0 = Instant::now();
         assert_eq!(host.other_cores(), None);
-        // 50 ms windows: 5 ticks of host per window per busy core.
+        // 50 ms windows: 5 ticks of host per window per busy core. A load of one core
+        // throughout, and a peer's prefill of one more but for 200 ms.
         let mut busy = 0;
-        for k in 0..=MIN_WINDOWS as u64 {
-            // a load of one core throughout, and a peer's prefill of one more in every other window
-            busy += if k % 2 == 0 { 5 } else { 10 };
+        host.sample(at(t0, 0, busy, 0, &[]));
+        for k in 1..=20u64 {
+            busy += if (9..=12).contains(&k) { 5 } else { 10 };
             host.sample(at(t0, 50 * k, busy, 0, &[]));
+            if (k as usize) < MIN_WINDOWS {
+                assert_eq!(host.other_cores(), None, "{k} windows: not enough yet");
+            }
         }
         assert!((host.other_cores().unwrap() - 1.0).abs() < 1e-9, "{:?}", host.other_cores());
         // Windows older than the horizon leave.
-        let later = 50 * MIN_WINDOWS as u64 + HORIZON.as_millis() as u64 + 100;
+        let later = 50 * 20 + HORIZON.as_millis() as u64 + 100;
         host.sample(at(t0, later, busy, 0, &[]));
         assert_eq!(host.other_cores(), None, "one window left: not enough yet");
+    }
+
+    #[test]
+    fn one_windows_rounding_does_not_make_the_quiet() {
+        let host = HostCpu::with(2.0, 100.0);
+        let t0 = Instant::now();
+        // Both cores busy throughout, one window read 3 ticks short (rounded at its start, the
+        // next window reads them): the quietest span is still nearly both cores.
+        let mut busy = 0;
+        host.sample(at(t0, 0, busy, 0, &[]));
+        for k in 1..=20u64 {
+            busy += match k {
+                7 => 7,
+                8 => 13,
+                _ => 10,
+            };
+            host.sample(at(t0, 50 * k, busy, 0, &[]));
+        }
+        let other = host.other_cores().unwrap();
+        assert!((other - 1.85).abs() < 1e-9, "one short window in a span of four: {other}");
     }
 
     #[test]
