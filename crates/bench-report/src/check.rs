@@ -76,6 +76,11 @@ pub fn check(r: &BenchReport) -> Vec<String> {
             ("measured_split_s", s.measured_split_s),
             ("measured_fetch_s", s.measured_fetch_s),
             ("measured_recompute_s", s.measured_recompute_s),
+            ("compute_leg_s", s.compute_leg_s),
+            ("fetch_leg_s", s.fetch_leg_s),
+            ("predicted_compute_leg_s", s.predicted_compute_leg_s),
+            ("predicted_fetch_leg_s", s.predicted_fetch_leg_s),
+            ("host_steal_s", s.host_steal_s.unwrap_or(0.0)),
         ] {
             non_negative(&what, name, v, &mut out);
         }

@@ -279,14 +279,14 @@ fn splits(r: &BenchReport, s: &mut String) {
     let _ = writeln!(
         s,
         "| profile | prefix tokens | recompute tokens | predicted split s | measured split s | \
-         measured fetch s | measured recompute s | split ÷ best pure |"
+         measured fetch s | measured recompute s | split ÷ best pure | late leg vs its prediction | host steal CPU s |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|");
     for p in &r.splits {
         let best = p.measured_fetch_s.min(p.measured_recompute_s);
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&p.link.profile),
             p.prefix_tokens,
             p.split_recompute_tokens,
@@ -294,7 +294,9 @@ fn splits(r: &BenchReport, s: &mut String) {
             f(p.measured_split_s, 3),
             f(p.measured_fetch_s, 3),
             f(p.measured_recompute_s, 3),
-            f(div(p.measured_split_s, best), 2)
+            f(div(p.measured_split_s, best), 2),
+            p.late_leg().map_or("—".to_owned(), |(leg, e)| format!("{leg} {:+.0}%", e * 100.0)),
+            p.host_steal_s.map_or("—".to_owned(), |x| f(x, 3))
         );
     }
     let _ = writeln!(s);

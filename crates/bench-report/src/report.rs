@@ -109,6 +109,40 @@ pub struct SplitPoint {
     pub measured_split_s: f64,
     pub measured_fetch_s: f64,
     pub measured_recompute_s: f64,
+    /// Each leg's seconds from the split's start until it ended, and what the plan predicted
+    /// for it (the daemon's receipt; 0 in reports from before receipts carried them).
+    #[serde(default)]
+    pub compute_leg_s: f64,
+    #[serde(default)]
+    pub fetch_leg_s: f64,
+    #[serde(default)]
+    pub predicted_compute_leg_s: f64,
+    #[serde(default)]
+    pub predicted_fetch_leg_s: f64,
+    /// CPU time the host's hypervisor took from its virtual CPUs during the split (`steal` in
+    /// `/proc/stat`, summed over the CPUs); absent where it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_steal_s: Option<f64>,
+}
+
+impl SplitPoint {
+    /// Measured ÷ modeled − 1.
+    pub fn error(&self) -> f64 {
+        self.measured_split_s / self.predicted_split_s - 1.0
+    }
+
+    /// The leg that ended last and how far it ran past its own prediction (measured ÷
+    /// predicted − 1), where the legs were recorded.
+    pub fn late_leg(&self) -> Option<(&'static str, f64)> {
+        let leg = |name, m: f64, p: f64| (m > 0.0 && p > 0.0).then(|| (name, m, m / p - 1.0));
+        let c = leg("compute", self.compute_leg_s, self.predicted_compute_leg_s);
+        let f = leg("fetch", self.fetch_leg_s, self.predicted_fetch_leg_s);
+        match (c, f) {
+            (Some(c), Some(f)) => Some(if c.1 >= f.1 { (c.0, c.2) } else { (f.0, f.2) }),
+            (Some(x), None) | (None, Some(x)) => Some((x.0, x.2)),
+            (None, None) => None,
+        }
+    }
 }
 
 /// Decision quality over a set of points (see [`crate::stats::summarize`]).

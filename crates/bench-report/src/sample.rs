@@ -113,6 +113,11 @@ fn split(link: &LinkSpec, tokens: u64, recompute_tokens: u64) -> SplitPoint {
         measured_split_s: predicted * 1.06,
         measured_fetch_s: fetch_s(link, tokens * SAMPLE_BYTES_PER_TOKEN) * 1.04,
         measured_recompute_s: recompute_s(tokens) * 0.98,
+        compute_leg_s: recompute_s(recompute_tokens) * 1.02,
+        fetch_leg_s: predicted * 1.06,
+        predicted_compute_leg_s: recompute_s(recompute_tokens),
+        predicted_fetch_leg_s: predicted - 0.01,
+        host_steal_s: Some(0.0),
     }
 }
 

@@ -831,9 +831,11 @@ async fn decisions(
             .await?;
             session::record_hedge(&mut p, &hedged)?;
         }
+        let steal0 = session::host_steal_s();
         let split =
             session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, Allow::SPLIT)
                 .await?;
+        let host_steal_s = steal0.zip(session::host_steal_s()).map(|(a, b)| (b - a).max(0.0));
         let split_note = if split.receipt.action == "split" && split.receipt.fallback.is_empty() {
             let s = SplitPoint {
                 link: link.clone(),
@@ -843,10 +845,22 @@ async fn decisions(
                 measured_split_s: split.receipt.wall_s,
                 measured_fetch_s: p.measured_fetch_s,
                 measured_recompute_s: p.measured_recompute_s,
+                compute_leg_s: split.receipt.split_compute_leg_s,
+                fetch_leg_s: split.receipt.split_fetch_leg_s,
+                predicted_compute_leg_s: split.receipt.predicted_compute_leg_s,
+                predicted_fetch_leg_s: split.receipt.predicted_fetch_leg_s,
+                host_steal_s,
             };
             let note = format!(
-                "split {} recomputed: {:.3} s (predicted {:.3})",
-                s.split_recompute_tokens, s.measured_split_s, s.predicted_split_s
+                "split {} recomputed: {:.3} s (predicted {:.3}; legs: compute {:.3} / {:.3}, fetch {:.3} / {:.3}{})",
+                s.split_recompute_tokens,
+                s.measured_split_s,
+                s.predicted_split_s,
+                s.compute_leg_s,
+                s.predicted_compute_leg_s,
+                s.fetch_leg_s,
+                s.predicted_fetch_leg_s,
+                s.host_steal_s.map_or(String::new(), |x| format!("; host steal {x:.3} CPU s"))
             );
             report.splits.push(s);
             note

@@ -80,6 +80,7 @@ async fn a_wrong_prior_is_corrected_within_n_migrations() {
         wait_for_source(&mut b, &req).await;
         let (d, receipt) = migrate(&mut b, req).await;
         assert_eq!(receipt.kind(), Action::Fetch, "{d:?} {receipt:?}");
+        assert_eq!((receipt.split_compute_leg_s, receipt.split_fetch_leg_s), (0.0, 0.0), "no split ran");
         let fetch = d.candidates.iter().find(|c| c.kind() == Action::Fetch).expect("a fetch candidate");
         assert_eq!(fetch.calibration_samples as u64, i, "{d:?}");
     }
@@ -115,6 +116,13 @@ async fn an_executed_split_calibrates_the_split_interference() {
     let (d, r) = migrate(&mut b, req).await;
     assert_eq!((d.kind(), r.kind()), (Action::Split, Action::Split), "{d:?} {r:?}");
     assert!(r.fallback.is_empty(), "{r:?}");
+    // The receipt names both legs: each ended within the split's wall time, the later one near
+    // its end, and the plan's prediction for each is the one the decision was made with.
+    let (c, f) = (r.split_compute_leg_s, r.split_fetch_leg_s);
+    assert!(c > 0.0 && f > 0.0 && c.max(f) <= r.wall_s, "{r:?}");
+    assert!(r.wall_s - c.max(f) < 0.5 * r.wall_s, "the later leg bounds the split: {r:?}");
+    assert!(r.predicted_compute_leg_s > 0.0 && r.predicted_fetch_leg_s > 0.0, "{r:?}");
+    assert!(r.predicted_compute_leg_s.max(r.predicted_fetch_leg_s) <= r.predicted_s + 1e-9, "{r:?}");
     let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
     assert_eq!(engine.split_samples, 1, "{engine:?}");

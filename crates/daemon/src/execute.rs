@@ -135,6 +135,12 @@ pub async fn execute(
                     cpu_other = floor.map(|f| f.other), cpu_prefill = floor.map(|f| f.compute),
                     cpu_fetch = floor.map(|f| f.fetch), cores = floor.map(|f| f.cores), "split legs");
             }
+            receipt.split_compute_leg_s = rec_s;
+            receipt.split_fetch_leg_s = fet_s;
+            if let Some(m) = &plan.model {
+                receipt.predicted_compute_leg_s = m.split.point.compute_leg_seconds;
+                receipt.predicted_fetch_leg_s = m.split.point.fetch_leg_seconds;
+            }
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {
                     fill_fetch(shared, &src, &mut receipt, &r, plan.fetch_end * bs);
