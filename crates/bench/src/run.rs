@@ -10,7 +10,7 @@ use kvferry_bench_report::{
     target_notes,
 };
 use kvferry_model::LinkModel;
-use kvferry_proto::v1::{Action, PolicyMode};
+use kvferry_proto::v1::{Action, GenerateRequest, PolicyMode};
 use kvferry_wanem::{Emulator, EmulatorConfig, PathProfile, Side};
 
 use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
@@ -776,6 +776,31 @@ async fn decisions(
         session::predicted(&d0, "fetch").map_or(f64::NAN, |f| (f - link.rtt_s) / cap_tokens as f64 * 1e3),
         lengths
     );
+    // The target engine sat idle through the transfers and the baselines (minutes). On this
+    // host, memory a process touched before costs 4–10× to touch again after seconds of idleness
+    // (`bench/results/full-2026-12-06/`), and its first prefill after the pause ran up to 3.7×
+    // the same prefill a moment later; as the daemon's first calibration sample that skewed the
+    // sweep's next predictions. A serving replica is not idle: one prefill on the engine itself
+    // (`Generate` without the cache: not through the daemon, so nothing calibrates from it)
+    // brings it back first.
+    {
+        let mut eng_b = regions.engine(Side::B).await?;
+        let warm = session::prompt(2 * BLOCK_TOKENS as usize, seed);
+        seed += 1;
+        let g = eng_b
+            .generate(GenerateRequest {
+                tenant: session::TENANT.into(),
+                token_ids: warm,
+                max_new_tokens: 1,
+                use_cache: false,
+            })
+            .await?
+            .into_inner();
+        println!(
+            "  target engine woken: a {}-token prefill on it took {:.3} s",
+            g.computed_tokens, g.prefill_s
+        );
+    }
     // Warm-up, not scored: in the full runs of 2026-12-03 the target engine's first recompute
     // of a sweep — after the baselines' quiet spell, or as the CPU load started — took 1.6–5.6×
     // its prediction in 4 of 15 sweeps, the next ones on time (`bench/results/full-2026-12-03/`).
