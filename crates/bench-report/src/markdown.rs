@@ -295,7 +295,7 @@ fn splits(r: &BenchReport, s: &mut String) {
             f(p.measured_fetch_s, 3),
             f(p.measured_recompute_s, 3),
             f(div(p.measured_split_s, best), 2),
-            p.late_leg().map_or("—".to_owned(), |(leg, e)| format!("{leg} {:+.0}%", e * 100.0)),
+            p.late_leg().map_or("—".to_owned(), |l| format!("{} {:+.0}%", l.name, l.error() * 100.0)),
             p.host_steal_s.map_or("—".to_owned(), |x| f(x, 3))
         );
     }

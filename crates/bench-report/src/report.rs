@@ -131,17 +131,33 @@ impl SplitPoint {
         self.measured_split_s / self.predicted_split_s - 1.0
     }
 
-    /// The leg that ended last and how far it ran past its own prediction (measured ÷
-    /// predicted − 1), where the legs were recorded.
-    pub fn late_leg(&self) -> Option<(&'static str, f64)> {
-        let leg = |name, m: f64, p: f64| (m > 0.0 && p > 0.0).then(|| (name, m, m / p - 1.0));
+    /// The leg that ended last, where the legs were recorded.
+    pub fn late_leg(&self) -> Option<Leg> {
+        let leg = |name, measured_s: f64, predicted_s: f64| {
+            (measured_s > 0.0 && predicted_s > 0.0).then_some(Leg { name, measured_s, predicted_s })
+        };
         let c = leg("compute", self.compute_leg_s, self.predicted_compute_leg_s);
         let f = leg("fetch", self.fetch_leg_s, self.predicted_fetch_leg_s);
         match (c, f) {
-            (Some(c), Some(f)) => Some(if c.1 >= f.1 { (c.0, c.2) } else { (f.0, f.2) }),
-            (Some(x), None) | (None, Some(x)) => Some((x.0, x.2)),
-            (None, None) => None,
+            (Some(c), Some(f)) => Some(if c.measured_s >= f.measured_s { c } else { f }),
+            (c, f) => c.or(f),
         }
+    }
+}
+
+/// One leg of a split: its measured and its predicted seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Leg {
+    /// `compute` or `fetch`.
+    pub name: &'static str,
+    pub measured_s: f64,
+    pub predicted_s: f64,
+}
+
+impl Leg {
+    /// Measured ÷ predicted − 1.
+    pub fn error(&self) -> f64 {
+        self.measured_s / self.predicted_s - 1.0
     }
 }
 

@@ -131,13 +131,14 @@ pub fn target_notes(r: &BenchReport) -> Vec<String> {
 pub fn split_miss(sp: &SplitPoint) -> String {
     let leg = sp.late_leg().map_or_else(
         || "legs not recorded".to_owned(),
-        |(name, e)| {
-            let (m, p) = if name == "compute" {
-                (sp.compute_leg_s, sp.predicted_compute_leg_s)
-            } else {
-                (sp.fetch_leg_s, sp.predicted_fetch_leg_s)
-            };
-            format!("{name} leg {m:.3} s against {p:.3} predicted ({:+.1}%)", e * 100.0)
+        |l| {
+            format!(
+                "{} leg {:.3} s against {:.3} predicted ({:+.1}%)",
+                l.name,
+                l.measured_s,
+                l.predicted_s,
+                l.error() * 100.0
+            )
         },
     );
     let steal = sp

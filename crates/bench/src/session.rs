@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvferry_bench_report::{DecisionPoint, LinkSpec};
+use kvferry_daemon::hostcpu;
 use kvferry_proto::v1::migration_client::MigrationClient;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{
@@ -174,28 +175,16 @@ pub async fn pure_runs(
     Ok((fetched, recomputed))
 }
 
-/// The predicted seconds of `action` among a decision's candidates.
 /// The host's CPU steal so far, seconds summed over its CPUs: the time its virtual CPUs were
-/// ready but the hypervisor ran something else (`/proc/stat`'s eighth field). `None` where it
-/// cannot be read.
+/// ready but the hypervisor ran something else (the daemon's `/proc/stat` reading). `None`
+/// where it cannot be read.
 pub fn host_steal_s() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    steal_of(&stat).map(|ticks| ticks as f64 / ticks_per_second())
+    let steal = hostcpu::parse_host_ticks(&stat)?.steal?;
+    Some(steal as f64 / hostcpu::ticks_per_second())
 }
 
-/// The steal ticks on `/proc/stat`'s first line.
-fn steal_of(stat: &str) -> Option<u64> {
-    let mut f = stat.lines().next()?.split_ascii_whitespace();
-    (f.next()? == "cpu").then_some(())?;
-    f.nth(7)?.parse().ok()
-}
-
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf only reads a system constant; no memory is passed.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if hz > 0 { hz as f64 } else { 100.0 }
-}
-
+/// The predicted seconds of `action` among a decision's candidates.
 pub fn predicted(d: &Decision, action: &str) -> Option<f64> {
     d.candidates.iter().find(|c| c.action == action).map(|c| c.seconds)
 }
@@ -282,14 +271,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn steal_is_the_eighth_field_of_the_host_line() {
-        assert_eq!(
-            steal_of("cpu  5381179 2283 1526221 6492695 29971 0 23464 19214 0 0\ncpu0 1 2 3 4\n"),
-            Some(19214)
-        );
-        assert_eq!(steal_of("cpu  1 2 3 4\n"), None, "old kernels have no steal field");
-        assert_eq!(steal_of("cpu0 1 2 3 4 5 6 7 8\n"), None, "not the host line");
-        assert_eq!(steal_of(""), None);
+    fn the_hosts_steal_is_read_and_only_grows() {
+        let line = "cpu  5381179 2283 1526221 6492695 29971 0 23464 19214 0 0\ncpu0 1 2 3 4\n";
+        assert_eq!(hostcpu::parse_host_ticks(line).and_then(|t| t.steal), Some(19214));
         let now = host_steal_s().expect("/proc/stat readable here");
         assert!(now >= 0.0 && host_steal_s().unwrap() >= now, "steal only grows");
     }

@@ -121,8 +121,12 @@ pub async fn execute(
             );
             // Which leg bound the split, against the legs the plan predicted: what a split's
             // prediction error is made of.
+            receipt.split_compute_leg_s = rec_s;
+            receipt.split_fetch_leg_s = fet_s;
             if let Some(m) = &plan.model {
                 let pt = m.split.point;
+                receipt.predicted_compute_leg_s = pt.compute_leg_seconds;
+                receipt.predicted_fetch_leg_s = pt.fetch_leg_seconds;
                 // The host's CPU shares (cores) as the floor reads them now.
                 let floor = p
                     .figures
@@ -134,12 +138,6 @@ pub async fn execute(
                     interference = p.policy.split_interference,
                     cpu_other = floor.map(|f| f.other), cpu_prefill = floor.map(|f| f.compute),
                     cpu_fetch = floor.map(|f| f.fetch), cores = floor.map(|f| f.cores), "split legs");
-            }
-            receipt.split_compute_leg_s = rec_s;
-            receipt.split_fetch_leg_s = fet_s;
-            if let Some(m) = &plan.model {
-                receipt.predicted_compute_leg_s = m.split.point.compute_leg_seconds;
-                receipt.predicted_fetch_leg_s = m.split.point.fetch_leg_seconds;
             }
             match (rec, fet) {
                 (Ok(_), Ok(r)) => {

@@ -57,6 +57,9 @@ pub struct HostTicks {
     pub accounted: u64,
     /// The `cpuN` lines: the CPUs the first line sums over.
     pub cpus: u32,
+    /// Time the hypervisor ran something else while a virtual CPU was ready (`None` on kernels
+    /// whose line has no steal field).
+    pub steal: Option<u64>,
 }
 
 /// The host's ticks from `/proc/stat`: the first line's busy and accounted sums, and the CPUs
@@ -78,7 +81,8 @@ pub fn parse_host_ticks(stat: &str) -> Option<HostTicks> {
         .take_while(|l| l.starts_with("cpu"))
         .filter(|l| l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
         .count();
-    Some(HostTicks { busy, accounted, cpus: u32::try_from(cpus).ok().filter(|&c| c > 0)? })
+    let cpus = u32::try_from(cpus).ok().filter(|&c| c > 0)?;
+    Some(HostTicks { busy, accounted, cpus, steal: v.get(7).copied() })
 }
 
 /// A process's user + system ticks from its `/proc/<pid>/stat` (fields 14 and 15, counted
@@ -168,7 +172,8 @@ impl Default for HostCpu {
     }
 }
 
-fn ticks_per_second() -> f64 {
+/// `/proc`'s ticks a second (`_SC_CLK_TCK`; 100 where it cannot be read).
+pub fn ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a system constant; no memory is passed.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if hz > 0 { hz as f64 } else { 100.0 }
@@ -237,14 +242,15 @@ impl HostCpu {
     /// last [`HORIZON`] (its ticks over its accounted seconds), once there are [`MIN_WINDOWS`]
     /// windows.
     pub fn other_cores(&self) -> Option<f64> {
-        let s = self.state.locked();
+        let mut s = self.state.locked();
         if s.windows.len() < MIN_WINDOWS {
             return None;
         }
-        let w: Vec<(u64, f64)> = s.windows.iter().map(|&(_, t, secs)| (t, secs)).collect();
-        w.windows(QUIET_SPAN)
+        s.windows
+            .make_contiguous()
+            .windows(QUIET_SPAN)
             .filter_map(|span| {
-                let (ticks, secs) = span.iter().fold((0u64, 0.0), |(t, s), &(u, v)| (t + u, s + v));
+                let (ticks, secs) = span.iter().fold((0u64, 0.0), |(t, s), &(_, u, v)| (t + u, s + v));
                 (secs > 0.0).then(|| ticks as f64 / self.hz / secs)
             })
             .reduce(f64::min)
@@ -331,9 +337,10 @@ mod tests {
         let t = parse_host_ticks(STAT).unwrap();
         assert_eq!(t.busy, 1000 + 20 + 300 + 5 + 6 + 7);
         assert_eq!(t.accounted, t.busy + 5000 + 40, "idle and iowait are accounted, not busy");
-        assert_eq!(t.cpus, 1);
+        assert_eq!((t.cpus, t.steal), (1, Some(7)));
         let two = parse_host_ticks("cpu  1 2 3 4\ncpu0 1 1 1 2\ncpu1 0 1 2 2\nintr 5\n").unwrap();
         assert_eq!((two.busy, two.accounted, two.cpus), (6, 10, 2), "old kernels: four fields");
+        assert_eq!(two.steal, None, "old kernels have no steal field");
         for bad in ["", "cpu0 1 2 3 4 5", "cpu 1 2", "cpu 1 x 3 4 5", "intr 1", "cpu 1 2 3 4\nintr 1"] {
             assert_eq!(parse_host_ticks(bad), None, "{bad:?}");
         }
@@ -366,7 +373,7 @@ mod tests {
     ) -> Reading {
         Reading {
             at: t0 + Duration::from_millis(ms),
-            host: HostTicks { busy, accounted, cpus: 2 },
+            host: HostTicks { busy, accounted, cpus: 2, steal: None },
             own,
             engines: engines.iter().copied().collect(),
         }
