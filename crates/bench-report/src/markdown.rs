@@ -78,13 +78,14 @@ fn transfers(r: &BenchReport, s: &mut String) {
         let _ = writeln!(
             s,
             "| size MiB | wall s | goodput Mbit/s | % of link | modeled fetch s | measured ÷ modeled | \
-             daemon predicted s | first layer s | CPU s/GiB src / tgt | staging MiB src / tgt | verified |"
+             daemon predicted s | first layer s | CPU s/GiB src / tgt | staging MiB src / tgt | \
+             engine load s | load CPU s/GiB | verified |"
         );
-        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
+        let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
         for t in pts {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} |",
                 f(t.session_bytes as f64 / MIB, 1),
                 f(t.wall_s, 3),
                 f(t.goodput_bps / 1e6, 1),
@@ -97,6 +98,8 @@ fn transfers(r: &BenchReport, s: &mut String) {
                 f(t.cpu_s_per_gib_target, 2),
                 f(t.staging_bytes_source as f64 / MIB, 1),
                 f(t.staging_bytes_target as f64 / MIB, 1),
+                f(t.load_s, 3),
+                f(t.load_cpu_s_per_gib, 2),
                 if t.verified { "yes" } else { "**NO**" }
             );
         }

@@ -41,6 +41,13 @@ pub struct TransferPoint {
     /// Staging memory high-water mark, bytes, source and target.
     pub staging_bytes_source: u64,
     pub staging_bytes_target: u64,
+    /// The target engine's load of the fetched blocks into its pool (Engine.Load, on the
+    /// engine's next turn): seconds in the target daemon, and the target daemon's CPU seconds
+    /// per GiB over that turn. 0 in reports from before 2026-12-06.
+    #[serde(default)]
+    pub load_s: f64,
+    #[serde(default)]
+    pub load_cpu_s_per_gib: f64,
     /// The target engine's pool holds byte-identical blocks after loading them.
     pub verified: bool,
 }

@@ -61,6 +61,8 @@ fn transfer(link: &LinkSpec, mib: u64, efficiency: f64) -> TransferPoint {
         cpu_s_per_gib_target: 0.44,
         staging_bytes_source: bytes.min(96 * MIB),
         staging_bytes_target: bytes.min(128 * MIB),
+        load_s: bytes as f64 / 2e9,
+        load_cpu_s_per_gib: 0.6,
         verified: true,
     }
 }

@@ -475,7 +475,7 @@ async fn profile_body(
         seed += 1;
         let p = transfer(link, shape, regions, bytes, seed).await?;
         println!(
-            "  fetch {:>5} MiB: {:.2} s, {:.0} Mbit/s ({:.0}% of link), model {:.2} s (ratio {:.2}), first layer {:.3} s, CPU s/GiB src {:.2} tgt {:.2}, verified {}",
+            "  fetch {:>5} MiB: {:.2} s, {:.0} Mbit/s ({:.0}% of link), model {:.2} s (ratio {:.2}), first layer {:.3} s, CPU s/GiB src {:.2} tgt {:.2}, engine load {:.3} s ({:.2} CPU s/GiB), verified {}",
             bytes / MIB,
             p.wall_s,
             p.goodput_bps / 1e6,
@@ -485,6 +485,8 @@ async fn profile_body(
             p.first_layer_s,
             p.cpu_s_per_gib_source,
             p.cpu_s_per_gib_target,
+            p.load_s,
+            p.load_cpu_s_per_gib,
             p.verified
         );
         report.transfers.push(p);
@@ -577,7 +579,13 @@ async fn transfer(
     if r.kind() != Action::Fetch || !r.fallback.is_empty() {
         bail!("a {} MiB fetch ended as {} (fallback: {})", bytes / MIB, r.action, r.fallback);
     }
+    // The target engine's next turn loads the landed blocks into its pool (Engine.Load):
+    // what that takes in the target daemon, wall (its own load metric) and CPU.
+    let load_us0 = regions.metric(Side::B, "kvferry_engine_load_microseconds_total").await.unwrap_or(0.0);
+    let load_cpu0 = cpu_seconds(regions.b.daemon_pid);
     let landed = session::digest(&mut eng_b, &tokens).await?;
+    let load_cpu_s = cpu_seconds(regions.b.daemon_pid) - load_cpu0;
+    let load_us1 = regions.metric(Side::B, "kvferry_engine_load_microseconds_total").await.unwrap_or(0.0);
     let verified =
         landed.tokens == filled.tokens && landed.digest == filled.digest && r.bytes_moved == filled.bytes;
     let gib = filled.bytes as f64 / GIB;
@@ -600,6 +608,8 @@ async fn transfer(
         cpu_s_per_gib_target: (cpu_b1 - cpu_b0) / gib,
         staging_bytes_source: staging_a as u64,
         staging_bytes_target: staging_b as u64,
+        load_s: (load_us1 - load_us0).max(0.0) / 1e6,
+        load_cpu_s_per_gib: load_cpu_s / gib,
         verified,
     })
 }

@@ -357,3 +357,35 @@ async fn plan_migration_latency() {
         );
     }
 }
+
+/// A fetched prefix larger than one staging batch: region B's daemon runs with the smallest
+/// `limits.staging_bytes` (8 MiB), so the engine's `Load` of a 9,000-token prefix (~8.8 MiB at
+/// 1 KiB a token) writes its blocks in two batches through one reused staging buffer. B's next
+/// turn is warm for the whole prefix and bit-identical to a full recompute, and the daemon's
+/// load metrics count the call and every byte it wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_of_several_staging_batches_is_exact() {
+    let b = RegionSpec { configure: Some(|c| c.limits.staging_bytes = 8 << 20), ..Default::default() };
+    let cl = Cluster::start([RegionSpec::default(), b]);
+    let (mut a, mut eb) = (cl.engine(0).await, cl.engine(1).await);
+    let mut router_b = cl.router(1).await;
+    let convo = tokens(9_000, 21);
+    generate(&mut a, &convo, true).await;
+    let req = request("s-big-load", &convo, PolicyMode::Fetch);
+    wait_for_fetch_plan(&mut router_b, &req).await;
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    assert_eq!(r.tokens_ready, 8_992, "{r:?}");
+    assert!(r.bytes_moved > 8 << 20, "more than one batch moved: {r:?}");
+    assert_warm_equals_cold(&mut eb, &convo, 8_992).await;
+    let m = cl.metrics(1).await;
+    let sample = |name: &str| -> u64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} missing from\n{m}"))
+    };
+    assert_eq!(sample("kvferry_engine_loads_total{result=\"failed\"}"), 0);
+    assert!(sample("kvferry_engine_loads_total{result=\"ok\"}") >= 1);
+    assert!(sample("kvferry_engine_loaded_bytes_total") >= r.bytes_moved, "{m}");
+    assert!(sample("kvferry_engine_load_microseconds_total") > 0);
+}

@@ -240,6 +240,47 @@ impl EngineService {
     }
 }
 
+/// The most bytes one batch of an engine's `Load` moves through staging. A batch is one
+/// staging copy and one backend write (for a NIXL pool one transfer, milliseconds each, which
+/// is why blocks are batched at all); the call allocates one staging buffer of its largest
+/// batch and reuses it. Batches of `limits.staging_bytes` (256 MiB by default) made that
+/// buffer too large for the staging free list ([`kvferry_pool::RECYCLE_MAX_BYTES`]), so every
+/// batch of every load was fresh memory: the 2 GiB load after a bench fetch took 27 s of one
+/// core on this host, most of it page faults (2026-12-06; 0.35 s for 256 MiB with memory the
+/// host had already backed).
+pub const LOAD_BATCH_MAX_BYTES: usize = 64 << 20;
+const _: () = assert!(LOAD_BATCH_MAX_BYTES <= kvferry_pool::RECYCLE_MAX_BYTES);
+
+/// A `Load` batch's byte cap: `limits.staging_bytes`, at most [`LOAD_BATCH_MAX_BYTES`], at
+/// least 1.
+pub fn load_batch_bytes(staging_bytes: u64) -> usize {
+    usize::try_from(staging_bytes).unwrap_or(usize::MAX).clamp(1, LOAD_BATCH_MAX_BYTES)
+}
+
+/// One batch of a `Load`: blocks `blocks` of the call's plan, `bytes` of them in all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadBatch {
+    pub blocks: std::ops::Range<usize>,
+    pub bytes: usize,
+}
+
+/// Blocks of `sizes` bytes, in order, in batches of at most `cap` bytes; a block larger than
+/// `cap` goes alone. Every block is in exactly one batch, in order.
+pub fn load_batches(sizes: &[usize], cap: usize) -> Vec<LoadBatch> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    while start < sizes.len() {
+        let (mut end, mut bytes) = (start, 0usize);
+        while end < sizes.len() && (end == start || bytes.saturating_add(sizes[end]) <= cap) {
+            bytes = bytes.saturating_add(sizes[end]);
+            end += 1;
+        }
+        out.push(LoadBatch { blocks: start..end, bytes });
+        start = end;
+    }
+    out
+}
+
 fn hash_of(b: &[u8]) -> Result<BlockHash, DaemonError> {
     b.try_into().map_err(|_| DaemonError::invalid(format!("a block hash is {} bytes, not 32", b.len())))
 }
@@ -475,25 +516,18 @@ impl Engine for EngineService {
             plan.push((extents, landed));
         }
         self.shared.landing.lease(&hashes);
-        // Blocks go in batches of up to `limits.staging_bytes`: one staging buffer and one
-        // backend write per batch (for a NIXL pool each staging buffer is a registration in
-        // its helper and each write one transfer, so per-block calls cost milliseconds each).
-        let batch_cap = (self.shared.config.limits.staging_bytes as usize).max(1);
+        let started = Instant::now();
+        let sizes: Vec<usize> = plan.iter().map(|(_, landed)| landed.bytes.len()).collect();
+        let batches = load_batches(&sizes, load_batch_bytes(self.shared.config.limits.staging_bytes));
         let result: Result<(), DaemonError> = async {
-            let mut rest = &plan[..];
-            while !rest.is_empty() {
-                let mut n = 0;
-                let mut bytes = 0;
-                while n < rest.len() && (n == 0 || bytes + rest[n].1.bytes.len() <= batch_cap) {
-                    bytes += rest[n].1.bytes.len();
-                    n += 1;
-                }
-                let (batch, tail) = rest.split_at(n);
-                rest = tail;
-                let mut staging = engine.backend.staging(bytes)?;
+            // One staging buffer for the whole call, reused by every batch (module doc of
+            // `load_batch_bytes`): a fresh one per batch was fresh memory every time.
+            let Some(largest) = batches.iter().map(|b| b.bytes).max() else { return Ok(()) };
+            let mut staging = engine.backend.staging(largest)?;
+            for b in &batches {
                 let mut extents = Vec::new();
                 let mut off = 0;
-                for (ext, landed) in batch {
+                for (ext, landed) in &plan[b.blocks.clone()] {
                     staging.as_mut_slice()[off..off + landed.bytes.len()].copy_from_slice(&landed.bytes);
                     off += landed.bytes.len();
                     extents.extend_from_slice(ext);
@@ -504,6 +538,9 @@ impl Engine for EngineService {
         }
         .await;
         self.shared.landing.unlease(&hashes);
+        self.shared
+            .metrics
+            .engine_load(started.elapsed(), result.as_ref().ok().map(|()| sizes.iter().sum::<usize>()));
         result?;
         Ok(Response::new(LoadResponse { blocks_loaded: plan.len() as u32 }))
     }
@@ -728,6 +765,41 @@ mod tests {
             block_size: 16,
             num_blocks: 8,
             dtype: dtype.into(),
+        }
+    }
+
+    #[test]
+    fn load_batches_are_capped_at_a_recyclable_size() {
+        assert_eq!(load_batch_bytes(256 << 20), LOAD_BATCH_MAX_BYTES);
+        assert_eq!(load_batch_bytes(8 << 20), 8 << 20);
+        assert_eq!(load_batch_bytes(0), 1);
+        assert_eq!(load_batch_bytes(u64::MAX), LOAD_BATCH_MAX_BYTES);
+        assert!(load_batches(&[], 10).is_empty());
+        let b = load_batches(&[4, 4, 4, 9, 1], 8);
+        let ranges: Vec<_> = b.iter().map(|b| (b.blocks.clone(), b.bytes)).collect();
+        assert_eq!(ranges, vec![(0..2, 8), (2..3, 4), (3..4, 9), (4..5, 1)]);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn load_batches_cover_every_block_once_in_order_within_the_cap(
+            sizes in proptest::collection::vec(0usize..5000, 0..60),
+            cap in 1usize..12000,
+        ) {
+            let batches = load_batches(&sizes, cap);
+            let mut next = 0;
+            for b in &batches {
+                proptest::prop_assert_eq!(b.blocks.start, next);
+                proptest::prop_assert!(b.blocks.end > b.blocks.start);
+                proptest::prop_assert_eq!(b.bytes, sizes[b.blocks.clone()].iter().sum::<usize>());
+                proptest::prop_assert!(b.bytes <= cap || b.blocks.len() == 1);
+                next = b.blocks.end;
+            }
+            proptest::prop_assert_eq!(next, sizes.len());
+            // Maximal: the next block would not have fitted.
+            for w in batches.windows(2) {
+                proptest::prop_assert!(w[0].bytes + sizes[w[1].blocks.start] > cap);
+            }
         }
     }
 

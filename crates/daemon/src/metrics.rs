@@ -71,6 +71,12 @@ pub struct Metrics {
     pub tls_refused_peer: Counter,
     pub tls_reloads_router: Counter,
     pub tls_refused_router: Counter,
+    /// Engine `Load` calls (landed blocks written into an engine's pool) by result, the bytes
+    /// the successful ones wrote and the microseconds all of them took.
+    pub engine_loads_ok: Counter,
+    pub engine_loads_failed: Counter,
+    pub engine_loaded_bytes: Counter,
+    pub engine_load_us: Counter,
     pub last_goodput_gbps: Gauge,
     pub last_prediction_error: Gauge,
     /// The last split plan's CPU-share floor and what it was made of, in cores
@@ -96,6 +102,18 @@ impl Metrics {
         match which {
             crate::reload::Listener::Peer => self.tls_refused_peer.inc(),
             crate::reload::Listener::Router => self.tls_refused_router.inc(),
+        }
+    }
+
+    /// Records one engine `Load`: its duration, and the bytes it wrote when it succeeded.
+    pub fn engine_load(&self, took: std::time::Duration, written: Option<usize>) {
+        self.engine_load_us.add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
+        match written {
+            Some(bytes) => {
+                self.engine_loads_ok.inc();
+                self.engine_loaded_bytes.add(bytes as u64);
+            }
+            None => self.engine_loads_failed.inc(),
         }
     }
 
@@ -199,6 +217,24 @@ impl Metrics {
             "kvferry_hedge_wasted_milliseconds_total",
             "Milliseconds losing hedged recomputes had run when the fetch won.",
             &[("", self.hedge_wasted_ms.get())],
+        );
+        counter(
+            "kvferry_engine_loads_total",
+            "Engine Load calls (verified landed blocks written into an engine's pool) by result.",
+            &[
+                ("result=\"ok\"", self.engine_loads_ok.get()),
+                ("result=\"failed\"", self.engine_loads_failed.get()),
+            ],
+        );
+        counter(
+            "kvferry_engine_loaded_bytes_total",
+            "KV bytes successful engine Load calls wrote into engines' pools.",
+            &[("", self.engine_loaded_bytes.get())],
+        );
+        counter(
+            "kvferry_engine_load_microseconds_total",
+            "Microseconds engine Load calls took in the daemon (all results).",
+            &[("", self.engine_load_us.get())],
         );
         counter(
             "kvferry_lookup_tokens_total",
