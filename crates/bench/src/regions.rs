@@ -176,16 +176,12 @@ async fn ns_channel(ns_path: PathBuf, to: SocketAddr) -> anyhow::Result<Channel>
         .await?)
 }
 
-/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat`.
+/// CPU seconds (user + system) a process has used, from `/proc/<pid>/stat` (the daemon's own
+/// parser); 0 when it cannot be read.
 pub fn cpu_seconds(pid: u32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
-    // Fields after the `(comm)`: state is field 3; utime and stime are fields 14 and 15.
-    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { return 0.0 };
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (ticks(11) + ticks(12)) / hz.max(1.0)
+    use kvferry_daemon::hostcpu::{parse_process_ticks, ticks_per_second};
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    parse_process_ticks(&stat).map_or(0.0, |t| t as f64 / ticks_per_second())
 }
 
 impl Regions {

@@ -48,6 +48,12 @@ impl BlockShape {
         self.planes[l as usize].iter().sum()
     }
 
+    /// Where layer `l` lies in a block buffer.
+    pub fn layer_range(&self, l: u32) -> std::ops::Range<usize> {
+        let at = self.layer_offsets[l as usize] as usize;
+        at..at + self.layer_bytes(l) as usize
+    }
+
     fn check(&self, spec: &ChunkSpec, blocks: usize, payload_len: usize) -> Result<(), String> {
         let ok_layers = spec.layers.0 < spec.layers.1 && spec.layers.1 as usize <= self.planes.len();
         let ok_blocks = spec.blocks.0 < spec.blocks.1 && spec.blocks.1 as usize <= blocks;

@@ -417,14 +417,25 @@ impl ChunkSource for LandedSource {
 }
 
 /// Assembles a fetch's verified chunks into block buffers (invisible until committed).
-/// Buffers come from the landing zone (a spare if it has one); a sink dropped without
-/// [`LandingSink::into_blocks`] (the fetch failed or was cancelled) gives them back.
+/// Buffers come from the landing zone (a spare if it has one, *not* zeroed: it may hold an
+/// earlier block's bytes); a sink dropped without [`LandingSink::into_blocks`] (the fetch
+/// failed or was cancelled) gives them back. The sink records which (block, layer) each
+/// landed chunk wrote in full, and `into_blocks` zeroes every layer of a block no landed
+/// chunk wrote, so nothing of an earlier block can show through a committed one.
 #[derive(Debug)]
 pub struct LandingSink {
     shape: BlockShape,
     zone: Arc<LandingZone>,
-    blocks: Mutex<Vec<Vec<u8>>>,
+    blocks: Mutex<SinkBlocks>,
     pub landed_bytes: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// A sink's block buffers and, per block and layer (`block * layers + layer`), whether a
+/// landed chunk wrote it whole.
+#[derive(Debug, Default)]
+struct SinkBlocks {
+    bufs: Vec<Vec<u8>>,
+    written: Vec<bool>,
 }
 
 impl LandingSink {
@@ -434,21 +445,35 @@ impl LandingSink {
     /// at 50 ms before a byte moved, and ~1.3 s at 2 GiB. Taken as it lands, the cost is
     /// spread over the transfer, beside the network.
     pub fn new(shape: BlockShape, zone: Arc<LandingZone>, n: usize) -> Self {
-        Self { shape, zone, blocks: Mutex::new(vec![Vec::new(); n]), landed_bytes: Default::default() }
+        let written = vec![false; n * shape.layers() as usize];
+        let blocks = Mutex::new(SinkBlocks { bufs: vec![Vec::new(); n], written });
+        Self { shape, zone, blocks, landed_bytes: Default::default() }
     }
 
     /// The assembled blocks (call only after the fetch returned `Ok`, when every block was
-    /// landed; a block no chunk covered would come back zeroed, never short).
+    /// landed). A layer of a block no landed chunk wrote comes back zeroed, never short and
+    /// never with a spare's earlier bytes.
     pub fn into_blocks(self) -> Vec<Vec<u8>> {
-        let mut blocks = std::mem::take(&mut *self.blocks.locked());
-        allocate(&self.zone, &mut blocks, 0..usize::MAX, self.shape.block_bytes() as usize);
-        blocks
+        let SinkBlocks { mut bufs, written } = std::mem::take(&mut *self.blocks.locked());
+        let layers = self.shape.layers() as usize;
+        for (b, buf) in bufs.iter_mut().enumerate() {
+            if buf.is_empty() {
+                *buf = self.zone.buffer(self.shape.block_bytes() as usize);
+                continue;
+            }
+            for l in 0..layers {
+                if !written[b * layers + l] {
+                    buf[self.shape.layer_range(l as u32)].fill(0);
+                }
+            }
+        }
+        bufs
     }
 }
 
 impl Drop for LandingSink {
     fn drop(&mut self) {
-        for b in std::mem::take(&mut *self.blocks.locked()) {
+        for b in std::mem::take(&mut self.blocks.locked().bufs) {
             self.zone.give_back(b);
         }
     }
@@ -457,24 +482,32 @@ impl Drop for LandingSink {
 impl ChunkSink for LandingSink {
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
-            let mut blocks = self.blocks.locked();
+            let mut g = self.blocks.locked();
             let range = spec.blocks.0 as usize..spec.blocks.1 as usize;
-            allocate(&self.zone, &mut blocks, range, self.shape.block_bytes() as usize);
+            allocate(&self.zone, &mut g.bufs, range.clone(), self.shape.block_bytes() as usize);
             self.shape
-                .scatter(&spec, payload, &mut blocks)
+                .scatter(&spec, payload, &mut g.bufs)
                 .map_err(|detail| ChunkError::Mismatch { chunk: spec.id, detail })?;
+            // `scatter` checked the ranges against this transfer and wrote every byte of
+            // these layers of these blocks.
+            let layers = self.shape.layers() as usize;
+            for b in range {
+                for l in spec.layers.0 as usize..spec.layers.1 as usize {
+                    g.written[b * layers + l] = true;
+                }
+            }
             self.landed_bytes.fetch_add(payload.len() as u64, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         })
     }
 }
 
-/// Gives each block of `range` (clamped to `blocks`) without a buffer its zeroed one.
+/// Gives each block of `range` (clamped to `blocks`) without a buffer one to fill.
 fn allocate(zone: &LandingZone, blocks: &mut [Vec<u8>], range: std::ops::Range<usize>, bytes: usize) {
     let end = range.end.min(blocks.len());
     for b in blocks.iter_mut().take(end).skip(range.start) {
         if b.is_empty() {
-            *b = zone.buffer(bytes);
+            *b = zone.buffer_to_fill(bytes);
         }
     }
 }
@@ -770,6 +803,37 @@ mod tests {
         sink.land(spec, (*bytes).as_ref()).await.unwrap();
         assert_eq!(sink.landed_bytes.load(std::sync::atomic::Ordering::Relaxed), 2 * n as u64);
         assert_eq!(sink.into_blocks(), blocks);
+    }
+
+    #[tokio::test]
+    async fn a_spare_s_earlier_bytes_never_show_through_a_committed_block() {
+        let e = engine();
+        let shape = BlockShape::of(&e.layout).unwrap();
+        let n = shape.block_bytes() as usize;
+        let zone = LandingZone::new(1 << 20);
+        for _ in 0..3 {
+            zone.give_back(vec![0xAB; n]); // an earlier tenant's blocks, now spares
+        }
+        // Layer 0 of blocks 0 and 1 lands; layer 1 of no block, and block 2 not at all.
+        let sink = LandingSink::new(shape.clone(), zone.clone(), 3);
+        let spec = ChunkSpec { id: 0, blocks: (0, 2), layers: (0, 1), len: shape.layer_bytes(0) * 2 };
+        let payload: Vec<u8> = (0..spec.len).map(|i| (i % 100) as u8 + 1).collect();
+        sink.land(spec, &payload).await.unwrap();
+        // A chunk that fails part-way marks nothing: its layer stays unwritten.
+        let bad = ChunkSpec { id: 1, blocks: (0, 2), layers: (1, 2), len: 3 };
+        assert!(sink.land(bad, &[7; 3]).await.is_err());
+        let blocks = sink.into_blocks();
+        assert_eq!(blocks.len(), 3);
+        for (b, buf) in blocks.iter().enumerate() {
+            assert_eq!(buf.len(), n);
+            assert!(!buf.contains(&0xAB), "block {b} shows a spare's bytes");
+            let layer1 = &buf[shape.layer_range(1)];
+            assert!(layer1.iter().all(|&x| x == 0), "block {b}: an unwritten layer is zeroed");
+        }
+        for b in 0..2 {
+            assert!(blocks[b][shape.layer_range(0)].iter().all(|&x| x != 0), "block {b}: layer 0 landed");
+        }
+        assert!(blocks[2].iter().all(|&x| x == 0), "a block no chunk covered is zeroed");
     }
 
     #[tokio::test]

@@ -198,6 +198,16 @@ impl LandingZone {
     /// of that length if the zone has one, else fresh memory (after dropping spares of other
     /// lengths that would take the zone over its capacity).
     pub fn buffer(&self, len: usize) -> Vec<u8> {
+        let mut b = self.buffer_to_fill(len);
+        b.fill(0);
+        b
+    }
+
+    /// [`LandingZone::buffer`] for a caller that overwrites every byte before the buffer can
+    /// become visible, or zeroes what it did not ([`crate::catalog::LandingSink`] tracks what
+    /// it landed): a spare comes back with an earlier block's bytes instead of zeroed (zeroing
+    /// it was a memset of every byte a fetch lands). Fresh memory is zeroed.
+    pub fn buffer_to_fill(&self, len: usize) -> Vec<u8> {
         let spare = {
             let mut g = self.lock();
             match g.spares.get_mut(&len).and_then(Vec::pop) {
@@ -211,13 +221,7 @@ impl LandingZone {
                 }
             }
         };
-        match spare {
-            Some(mut b) => {
-                b.fill(0);
-                b
-            }
-            None => vec![0; len],
-        }
+        spare.unwrap_or_else(|| vec![0; len])
     }
 
     /// Takes back a buffer a fetch no longer needs (it failed, or was cancelled).

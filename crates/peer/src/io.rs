@@ -29,6 +29,10 @@ pub enum ChunkError {
     /// The blocks were withdrawn or reused while they were read: the transfer must end.
     #[error("{0}")]
     Withdrawn(String),
+    /// The blocking task that read, hashed or landed the chunk did not finish (it panicked,
+    /// or the runtime is shutting down): nothing about the chunk's bytes is known.
+    #[error("chunk {chunk}: its blocking task failed: {detail}")]
+    Task { chunk: u32, detail: String },
 }
 
 impl From<ChunkError> for WireError {

@@ -78,7 +78,7 @@ where
     let (sink, rt) = (sink.clone(), tokio::runtime::Handle::current());
     tokio::task::spawn_blocking(move || rt.block_on(sink.land(spec, payload.as_ref())).map(|()| payload))
         .await
-        .map_err(|e| ChunkError::Mismatch { chunk: spec.id, detail: format!("landing task failed: {e}") })?
+        .map_err(|e| ChunkError::Task { chunk: spec.id, detail: format!("landing: {e}") })?
 }
 
 #[cfg(test)]

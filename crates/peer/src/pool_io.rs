@@ -61,7 +61,9 @@ impl PoolChunks {
         if len != spec.len {
             return Err(mismatch(format!("{len} bytes in this layout, {} on the wire", spec.len)));
         }
-        let staging = self.backend.staging(len as usize)?;
+        // Every caller overwrites all `len` bytes: a gather of these extents (their lengths
+        // add up to `len`, checked above) or a payload of exactly `len` bytes.
+        let staging = self.backend.staging_to_fill(len as usize)?;
         Ok((extents, staging))
     }
 }
@@ -90,6 +92,10 @@ impl ChunkSource for PoolChunks {
 impl ChunkSink for PoolChunks {
     fn land<'a>(&'a self, spec: ChunkSpec, payload: &'a [u8]) -> BoxFut<'a, Result<(), ChunkError>> {
         Box::pin(async move {
+            if payload.len() as u64 != spec.len {
+                let detail = format!("a payload of {} bytes for a chunk of {}", payload.len(), spec.len);
+                return Err(ChunkError::Mismatch { chunk: spec.id, detail });
+            }
             let (extents, mut staging) = self.staging_for(&spec)?;
             staging.as_mut_slice()[..payload.len()].copy_from_slice(payload);
             Ok(self.backend.write(&extents, &staging).await?)

@@ -121,6 +121,9 @@ impl MemoryBackend for ShmBackend {
     fn staging(&self, len: usize) -> Result<Staging, PoolError> {
         Ok(Staging::new_host(len, self.id))
     }
+    fn staging_to_fill(&self, len: usize) -> Result<Staging, PoolError> {
+        Ok(Staging::new_host_to_fill(len, self.id))
+    }
     fn read<'a>(
         &'a self,
         extents: &'a [Extent],

@@ -298,7 +298,7 @@ pub fn run_all(fx: &dyn Fixture) {
 /// `staging(len)` returns a buffer of exactly `len` bytes, owned by the backend, page aligned.
 pub fn staging_alloc(fx: &dyn Fixture) {
     let rt = runtime();
-    let (pool, ctx) = create(fx, &rt, &[4096], "staging_alloc", 0);
+    let (mut pool, ctx) = create(fx, &rt, &[4096], "staging_alloc", 0);
     for len in [0usize, 1, 4095, 4096, 4097, (1 << 20) + 3] {
         let mut s = pool.staging(&ctx, len);
         s.as_mut_slice().fill(0x5A);
@@ -306,7 +306,34 @@ pub fn staging_alloc(fx: &dyn Fixture) {
             ctx.fail(format!("staging({len}) does not keep its bytes"));
         }
     }
-    ctx.ok("lens 0..1MiB+3");
+    // A buffer to fill: the same length, owner and alignment; whatever it held, a gather
+    // of a whole region overwrites it.
+    pool.prefill(&ctx, &mut Rng::new(0x5F));
+    for _ in 0..2 {
+        let mut s = pool
+            .backend
+            .staging_to_fill(4096)
+            .unwrap_or_else(|e| ctx.fail(format!("staging_to_fill(4096) failed: {e}")));
+        if s.len() != 4096
+            || s.owner() != pool.backend.id()
+            || !(s.as_ptr() as usize).is_multiple_of(crate::STAGING_ALIGN)
+        {
+            ctx.fail(format!(
+                "staging_to_fill(4096) returned len {} owner {} at {:p}",
+                s.len(),
+                s.owner(),
+                s.as_ptr()
+            ));
+        }
+        let whole = [crate::Extent { region: 0, offset: 0, len: 4096 }];
+        rt.block_on(pool.backend.read(&whole, &mut s))
+            .unwrap_or_else(|e| ctx.fail(format!("gather into a buffer to fill: {e}")));
+        if s.as_slice() != &pool.shadow[0][..] {
+            ctx.fail("a gather did not overwrite a buffer to fill".to_string());
+        }
+        s.as_mut_slice().fill(0xEE);
+    }
+    ctx.ok("lens 0..1MiB+3; a buffer to fill overwritten by a gather");
 }
 
 /// An empty extent list is a successful no-op for read and write, with any staging length.

@@ -116,6 +116,12 @@ pub trait MemoryBackend: Send + Sync {
     fn regions(&self) -> &[RegionInfo];
     /// A staging buffer of `len` bytes usable with this backend.
     fn staging(&self, len: usize) -> Result<Staging, PoolError>;
+    /// A staging buffer of `len` bytes for a caller that overwrites all of `[0, len)` before
+    /// it reads any of it (a gather into it, a payload copied over it): its contents may be
+    /// what an earlier buffer held instead of zeros. By default [`MemoryBackend::staging`].
+    fn staging_to_fill(&self, len: usize) -> Result<Staging, PoolError> {
+        self.staging(len)
+    }
     /// Gather: copy `extents` (in order, back to back) into `staging[0..sum(len)]`.
     fn read<'a>(
         &'a self,
