@@ -830,8 +830,8 @@ mod tests {
             let layer1 = &buf[shape.layer_range(1)];
             assert!(layer1.iter().all(|&x| x == 0), "block {b}: an unwritten layer is zeroed");
         }
-        for b in 0..2 {
-            assert!(blocks[b][shape.layer_range(0)].iter().all(|&x| x != 0), "block {b}: layer 0 landed");
+        for (b, buf) in blocks.iter().enumerate().take(2) {
+            assert!(buf[shape.layer_range(0)].iter().all(|&x| x != 0), "block {b}: layer 0 landed");
         }
         assert!(blocks[2].iter().all(|&x| x == 0), "a block no chunk covered is zeroed");
     }
