@@ -294,10 +294,12 @@ impl Regions {
             let (mut last, mut stable) = (-1.0, 0);
             loop {
                 let spare = self.metric(side, SPARE).await.unwrap_or(0.0);
-                // Full to within a block, or no longer growing for 2 s (a block size that does
-                // not divide the capacity, or room held by something else).
+                // Nearly full and no longer growing (the prefault's last buffers still cost a
+                // second or two of one core here: a transfer started then is charged them), or
+                // no longer growing for 2 s (a block size that does not divide the capacity, or
+                // room held by something else).
                 stable = if spare > 0.0 && spare == last { stable + 1 } else { 0 };
-                if spare >= 0.95 * capacity as f64 || stable >= 4 {
+                if (spare >= 0.95 * capacity as f64 && stable >= 1) || stable >= 4 {
                     break;
                 }
                 last = spare;
