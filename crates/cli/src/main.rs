@@ -73,6 +73,19 @@ fn tune_allocator() {
     }
 }
 
+/// Runs `job` to completion on a multi-thread runtime of `workers` workers (tokio's default,
+/// one per core, where `None`).
+fn block_on(
+    workers: Option<usize>,
+    job: impl std::future::Future<Output = anyhow::Result<()>>,
+) -> anyhow::Result<()> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = workers {
+        builder.worker_threads(n);
+    }
+    builder.enable_all().build()?.block_on(job)
+}
+
 fn main() -> ExitCode {
     tune_allocator();
     let cli = match Cli::try_parse() {
@@ -92,47 +105,35 @@ fn main() -> ExitCode {
     let (result, error_code) = match cli.command {
         Command::Plan(args) => (plan::run(&args), 2),
         Command::NixlHelper => return kvferry_pool_nixl::helper_main(),
-        other => {
-            init_logging(match other {
-                Command::Daemon(_) | Command::Engine(_) => "info",
-                _ => "warn",
-            });
+        Command::Daemon(a) => {
+            init_logging("info");
             // A daemon's config is read (and validated) first: it sizes the runtime.
-            let mut builder = tokio::runtime::Builder::new_multi_thread();
-            let mut daemon_cfg = None;
-            if let Command::Daemon(a) = &other {
-                match daemon_cmd::load(a) {
-                    Ok(cfg) => {
-                        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-                        builder.worker_threads(cfg.runtime_workers(cores));
-                        daemon_cfg = Some(cfg);
-                    }
-                    Err(e) => {
-                        eprintln!("error: {e:#}");
-                        return ExitCode::from(1);
-                    }
+            let cfg = match daemon_cmd::load(&a) {
+                Ok(cfg) => cfg,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    return ExitCode::from(1);
                 }
-            }
-            let r = match builder.enable_all().build() {
-                Ok(rt) => rt.block_on(async move {
-                    match other {
-                        Command::Daemon(_) => match daemon_cfg {
-                            Some(cfg) => daemon_cmd::run(cfg).await,
-                            None => Ok(()),
-                        },
-                        Command::Migrate(a) => migrate_cmd::run(&a).await,
-                        Command::Links(a) => migrate_cmd::links(&a).await,
-                        Command::Engine(a) => kvferry_engine_node::run(*a).await.map_err(anyhow::Error::from),
-                        Command::Demo(a) => demo::run(&a).await,
-                        Command::Bench(a) => {
-                            let cmd = std::env::args().collect::<Vec<_>>().join(" ");
-                            kvferry_bench::run(&a, cmd).await.map(|_| ())
-                        }
-                        Command::Plan(_) | Command::NixlHelper => Ok(()),
-                    }
-                }),
-                Err(e) => Err(e.into()),
             };
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (block_on(Some(cfg.runtime_workers(cores)), daemon_cmd::run(cfg)), 1)
+        }
+        other => {
+            init_logging(if matches!(other, Command::Engine(_)) { "info" } else { "warn" });
+            let r = block_on(None, async move {
+                match other {
+                    Command::Migrate(a) => migrate_cmd::run(&a).await,
+                    Command::Links(a) => migrate_cmd::links(&a).await,
+                    Command::Engine(a) => kvferry_engine_node::run(*a).await.map_err(anyhow::Error::from),
+                    Command::Demo(a) => demo::run(&a).await,
+                    Command::Bench(a) => {
+                        let cmd = std::env::args().collect::<Vec<_>>().join(" ");
+                        kvferry_bench::run(&a, cmd).await.map(|_| ())
+                    }
+                    // Handled above, before any runtime exists.
+                    Command::Daemon(_) | Command::Plan(_) | Command::NixlHelper => Ok(()),
+                }
+            });
             (r, 1)
         }
     };
