@@ -111,12 +111,16 @@ pub struct ShmKvMemory {
 }
 
 impl ShmKvMemory {
-    /// Creates the shared pool for `kv` (zeroed memfd), after checking that the canonical
-    /// layout matches the core's byte for byte.
+    /// Creates the shared pool for `kv` (zeroed memfd, its pages allocated), after checking
+    /// that the canonical layout matches the core's byte for byte.
     pub fn create(kv: &KvLayout) -> Result<Self, NodeError> {
         let layout = pool_layout(kv)?;
         check_layout_matches(kv, &layout)?;
         let pool = ShmPool::create(layout).map_err(|e| NodeError::Pool(e.to_string()))?;
+        // A serving engine's KV cache is allocated at start (vLLM zeroes its tensors), not
+        // page by page during the first loads of fetched blocks, whose cost the daemon learns
+        // as part of a fetch's (`kvferry_model::calibration::load`).
+        pool.allocate_pages().map_err(|e| NodeError::Pool(e.to_string()))?;
         let lens = pool
             .layout()
             .region_lens()

@@ -68,6 +68,12 @@ impl ShmPool {
         Ok(Self { layout, table, mapping })
     }
 
+    /// Allocates every page of the pool now ([`Mapping::allocate`]), as an engine that
+    /// allocates its KV cache zeroed does at start.
+    pub fn allocate_pages(&self) -> Result<(), EngineError> {
+        Ok(self.mapping.allocate()?)
+    }
+
     /// The layout.
     pub fn layout(&self) -> &PoolLayout {
         &self.layout
