@@ -353,7 +353,7 @@ impl PlanArgs {
             split_interference: defaults.split_interference,
         };
 
-        let scenario = Scenario { kv, compute, link, prefix_tokens, queues };
+        let scenario = Scenario { kv, compute, link, prefix_tokens, queues, load_s_per_byte: 0.0 };
         Ok(Resolved { scenario, policy, model_name: preset.map(|p| p.name), prefix_given, gbps_given })
     }
 }

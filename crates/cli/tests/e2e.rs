@@ -358,6 +358,49 @@ async fn plan_migration_latency() {
     }
 }
 
+/// A fetch is priced until the engine can use it: once the target engine has loaded fetched
+/// blocks into its pool (`Engine.Load`), the daemon knows its load rate (`Decision.
+/// load_s_per_token`, 0 before) from what that load took, and every later fetch candidate
+/// includes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fetch_is_priced_with_the_engines_load_once_it_has_loaded() {
+    let cl = Cluster::start([RegionSpec::default(), RegionSpec::default()]);
+    let (mut a, mut eb) = (cl.engine(0).await, cl.engine(1).await);
+    let mut router_b = cl.router(1).await;
+    let (first, second) = (tokens(3_000, 31), tokens(3_000, 32));
+    generate(&mut a, &first, true).await;
+    generate(&mut a, &second, true).await;
+    let req = request("s-load-price", &first, PolicyMode::Fetch);
+    wait_for_fetch_plan(&mut router_b, &req).await;
+    let before = router_b.plan_migration(req.clone()).await.unwrap().into_inner();
+    assert_eq!(before.load_s_per_token, 0.0, "no load measured yet: {before:?}");
+    let (d, r) = migrate(&mut router_b, req).await;
+    assert_eq!((d.action.as_str(), r.action.as_str()), ("fetch", "fetch"), "{d:?} {r:?}");
+    // B's next turn loads the ~3 MiB it fetched.
+    assert_warm_equals_cold(&mut eb, &first, 2_992).await;
+    let m = cl.metrics(1).await;
+    let sample = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("{name} missing from\n{m}"))
+    };
+    let (us, bytes) =
+        (sample("kvferry_engine_load_microseconds_total"), sample("kvferry_engine_loaded_bytes_total"));
+    assert!(us > 0.0 && bytes >= r.bytes_moved as f64, "{m}");
+    let req = request("s-load-price-2", &second, PolicyMode::Auto);
+    wait_for_fetch_plan(&mut router_b, &req).await;
+    let after = router_b.plan_migration(req).await.unwrap().into_inner();
+    let measured = us * 1e-6 / bytes * after.bytes_per_token;
+    assert!(
+        after.load_s_per_token > measured / 2.0 && after.load_s_per_token < measured * 2.0,
+        "learnt {} s/token, the metrics say {measured}: {after:?}",
+        after.load_s_per_token
+    );
+    let fetch = after.candidates.iter().find(|c| c.action == "fetch").expect("a fetch candidate");
+    let load = after.load_s_per_token * after.source_tokens as f64;
+    assert!(fetch.seconds > load, "the fetch's {} s include the {load} s load: {after:?}", fetch.seconds);
+}
+
 /// A fetched prefix larger than one staging batch: region B's daemon runs with the smallest
 /// `limits.staging_bytes` (8 MiB), so the engine's `Load` of a 9,000-token prefix (~8.8 MiB at
 /// 1 KiB a token) writes its blocks in two batches through one reused staging buffer. B's next

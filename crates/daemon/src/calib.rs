@@ -10,13 +10,16 @@
 //! interference (how much a split's legs slow each other on this host) starts at
 //! `[policy] split_interference` and follows the executed splits; its hedge interference (the
 //! same two actions racing) starts at `[policy] hedge_interference`, follows the split's once
-//! that is measured, and the executed hedges' own once there are any.
+//! that is measured, and the executed hedges' own once there are any. An engine's load rate
+//! (seconds per byte to copy fetched blocks into its pool, `Engine.Load`) is 0 until it has
+//! loaded a block of a fetch, then the median of its recent loads ([`LoadCalibration`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kvferry_model::calibration::{
-    FetchEstimate, FetchSpread, FitConfig, InterferenceCalibration, RecomputeEstimate, RecomputeSpread,
+    FetchEstimate, FetchSpread, FitConfig, InterferenceCalibration, LoadCalibration, RecomputeEstimate,
+    RecomputeSpread,
 };
 use kvferry_model::{
     CalibrationError, ComputeModel, FetchCalibration, FetchObservation, LinkModel, RecomputeCalibration,
@@ -39,6 +42,7 @@ pub struct Calibrations {
     recompute: Mutex<HashMap<String, EngineCal>>,
     split: Mutex<HashMap<String, InterferenceCalibration>>,
     hedge: Mutex<HashMap<String, InterferenceCalibration>>,
+    load: Mutex<HashMap<String, LoadCalibration>>,
 }
 
 impl std::fmt::Debug for Calibrations {
@@ -116,6 +120,20 @@ impl Calibrations {
         if let Some(e) = self.recompute.locked().get_mut(engine_id) {
             log_refused("recompute", engine_id, e.cal.observe(obs));
         }
+    }
+
+    /// Learns from an `Engine.Load` of `bytes` on `engine_id` that took `seconds`.
+    pub fn observe_load(&self, engine_id: &str, bytes: u64, seconds: f64) {
+        let mut all = self.load.locked();
+        let c = all.entry(engine_id.to_owned()).or_default();
+        log_refused("load", engine_id, c.observe(bytes, seconds).map(|_| ()));
+    }
+
+    /// `engine_id`'s seconds per byte to load fetched blocks into its pool (0 before its first
+    /// load of at least [`kvferry_model::calibration::load::MIN_LOAD_BYTES`]), and the loads
+    /// it was learnt from.
+    pub fn load_s_per_byte(&self, engine_id: &str) -> (f64, u64) {
+        self.load.locked().get(engine_id).map_or((0.0, 0), |c| (c.s_per_byte().unwrap_or(0.0), c.samples()))
     }
 
     /// The interference to plan `engine_id`'s next split with: learnt from its executed

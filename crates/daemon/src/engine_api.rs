@@ -555,6 +555,13 @@ impl Engine for EngineService {
         let took = started.elapsed();
         let written = result.as_ref().ok().map(|()| sizes.iter().sum::<usize>());
         self.shared.metrics.engine_load(took, written);
+        // What loading fetched blocks costs this engine is part of what a fetch costs it
+        // (`kvferry_model::calibration::load`).
+        if let Some(bytes) = written
+            && self.shared.config.policy.calibrate
+        {
+            self.shared.calib.observe_load(&engine.engine_id, bytes as u64, took.as_secs_f64());
+        }
         result?;
         Ok(Response::new(LoadResponse { blocks_loaded: plan.len() as u32 }))
     }

@@ -154,23 +154,33 @@ pub async fn execute(
     }
     receipt.wall_s = t0.elapsed().as_secs_f64();
     receipt.measured_s = receipt.wall_s;
+    // The daemon's own calibrations compare what it executed, the transfer and the legs, with
+    // their prediction: the engine's load of the fetched blocks, inside the plan's prediction,
+    // comes after this receipt (at the engine's next step) and is learnt from the Load itself.
+    let executed_predicted_s = receipt.predicted_s - plan.load_s;
     // An executed split (both legs, no fallback) calibrates this engine's split interference
     // against the whole migration's prediction, which was made with the interference in force.
     if plan.action == MigrationAction::Split
         && receipt.fallback.is_empty()
         && shared.config.policy.calibrate
-        && receipt.predicted_s > 0.0
+        && executed_predicted_s > 0.0
     {
         let prior = shared.config.policy.split_interference;
         let used = p.policy.split_interference;
-        shared.calib.observe_split(&p.engine.engine_id, prior, used, receipt.predicted_s, receipt.measured_s);
+        shared.calib.observe_split(
+            &p.engine.engine_id,
+            prior,
+            used,
+            executed_predicted_s,
+            receipt.measured_s,
+        );
     }
     if receipt.fallback.is_empty()
-        && receipt.predicted_s > 0.0
+        && executed_predicted_s > 0.0
         && let Some((src, _)) = &p.source
     {
-        shared.links.record_prediction(src, receipt.predicted_s, receipt.measured_s);
-        shared.metrics.last_prediction_error.set(prediction_error(receipt.predicted_s, receipt.measured_s));
+        shared.links.record_prediction(src, executed_predicted_s, receipt.measured_s);
+        shared.metrics.last_prediction_error.set(prediction_error(executed_predicted_s, receipt.measured_s));
     }
     Ok(receipt)
 }

@@ -56,6 +56,9 @@ pub struct Prepared {
     pub fetch_cal: Option<FetchCalibration>,
     pub recompute_cal: Option<RecomputeCalibration>,
     pub engine_load: f64,
+    /// The engine's seconds per byte to load fetched blocks into its pool (0: not measured,
+    /// or `policy.calibrate = false`).
+    pub load_s_per_byte: f64,
     /// What a hedge may do here (`allow` false: no hedge for this request).
     pub hedge_policy: HedgePolicy,
     /// The CPU-share floor the split was priced with, where it raised the learnt interference
@@ -100,7 +103,10 @@ pub struct Planned {
     pub fetch_from: usize,
     pub fetch_end: usize,
     pub recompute_tokens: usize,
+    /// Until the engine can use the prefix: for a fetch or a split, the engine's load of the
+    /// fetched blocks included (`load_s` of it).
     pub predicted_s: f64,
+    pub load_s: f64,
     /// The calibrated predictions of the two pure actions, with their bands (when the model
     /// was asked and calibration is on).
     pub fetch_prediction: Option<Prediction>,
@@ -349,6 +355,7 @@ pub async fn prepare_with(
         fetch_cal: None,
         recompute_cal: None,
         engine_load,
+        load_s_per_byte: 0.0,
         hedge_policy,
         split_floor: None,
     };
@@ -450,6 +457,7 @@ pub async fn prepare_with(
         }
         let profile = *p.engine.profile.locked();
         p.recompute_cal = shared.calib.recompute(&p.engine.engine_id, profile);
+        p.load_s_per_byte = shared.calib.load_s_per_byte(&p.engine.engine_id).0;
     }
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));
@@ -583,6 +591,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         fetch_utilization: source_utilization(p),
         compute_utilization,
         recompute_correction: None,
+        load_s_per_byte: p.load_s_per_byte,
     };
     kvferry_model::calibrated(
         &m,
@@ -601,7 +610,14 @@ fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Predictio
     let (Some(d), Some(fig)) = (model, p.figures) else { return (None, None) };
     let tokens = priced_tokens(p);
     let bytes = (tokens as f64 * d.bytes_per_token) as u64;
-    let fetch = p.fetch_cal.as_ref().and_then(|c| c.predict(bytes, fig.rtt_s).ok());
+    // The engine's load of the fetched blocks follows the transfer (a fetch's cost until the
+    // engine can use them, as the model prices it).
+    let load_s = bytes as f64 * p.load_s_per_byte;
+    let fetch = p
+        .fetch_cal
+        .as_ref()
+        .and_then(|c| c.predict(bytes, fig.rtt_s).ok())
+        .map(|f| Prediction { seconds: f.seconds + load_s, ..f });
     let recompute = p.recompute_cal.as_ref().and_then(|c| c.predict(tokens, 0, p.engine_load).ok());
     (fetch, recompute)
 }
@@ -657,6 +673,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         fetch_end: plan.fetch_end as usize,
         recompute_tokens: plan.recompute_tokens as usize,
         predicted_s: plan.predicted_s,
+        load_s: plan.load_s,
     })
 }
 
@@ -723,6 +740,7 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
         out.crossover_tokens = d.crossover_tokens;
         out.recompute_s_per_token = d.recompute_seconds_per_token;
         out.bytes_per_token = d.bytes_per_token;
+        out.load_s_per_token = d.load_seconds_per_token;
         let split = kvferry_model::Candidate {
             seconds: d.split.point.seconds,
             gpu_seconds: d.split.gpu_seconds,

@@ -21,6 +21,7 @@ fn scenario(attention: bool, queues: bool) -> Scenario {
             fetch: QueueState::new(0.3, 20.0).unwrap(),
             compute: QueueState::new(0.1, 20.0).unwrap(),
         }),
+        load_s_per_byte: 0.0,
     }
 }
 

@@ -14,8 +14,19 @@ use crate::queue::{QueueState, mm1_utilization_for_wait};
 /// Prefix length (tokens, fractional) above which fetching beats recomputing on an idle
 /// path; `None` when fetching never wins (linear model with transfer ≥ recompute per token).
 pub fn crossover_tokens(bytes_per_token: f64, compute: &ComputeModel, link: &LinkModel) -> Option<f64> {
+    crossover_tokens_with_load(bytes_per_token, compute, link, 0.0)
+}
+
+/// [`crossover_tokens`] where each fetched token also costs `load_s_per_token` to load into
+/// the target engine's pool (a per-token cost on the fetch side, like the transfer's).
+pub fn crossover_tokens_with_load(
+    bytes_per_token: f64,
+    compute: &ComputeModel,
+    link: &LinkModel,
+    load_s_per_token: f64,
+) -> Option<f64> {
     let r = compute.linear_seconds_per_token();
-    let t = link.seconds_per_token(bytes_per_token);
+    let t = link.seconds_per_token(bytes_per_token) + load_s_per_token.max(0.0);
     let q = compute.attention_seconds_per_pair();
     let rtt = link.rtt_s;
     if q == 0.0 {

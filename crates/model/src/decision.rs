@@ -11,7 +11,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::compute::ComputeModel;
-use crate::crossover::{crossover_tokens, crossover_utilization};
+use crate::crossover::{crossover_tokens_with_load, crossover_utilization};
 use crate::error::{ModelError, count, fraction, non_negative, positive, utilization};
 use crate::kv::KvFootprint;
 use crate::link::LinkModel;
@@ -40,6 +40,12 @@ pub struct Scenario {
     pub prefix_tokens: u64,
     /// M/M/1 load terms; `None` means both paths idle (the first seed script).
     pub queues: Option<Queues>,
+    /// Seconds per KV byte for the target engine to load fetched blocks into its pool once
+    /// they have landed (0: free, or not measured yet). A recompute writes its pool directly;
+    /// a fetch's blocks are copied in at the engine's next step, so this is part of what a
+    /// fetch (and a split's fetched part) costs before the engine can decode.
+    #[serde(default)]
+    pub load_s_per_byte: f64,
 }
 
 impl Scenario {
@@ -50,6 +56,7 @@ impl Scenario {
         ComputeModel::new(c.active_params, c.peak_flops, c.mfu, c.attention)?;
         LinkModel::new(self.link.goodput_gbps, self.link.rtt_s, self.link.wire_ratio)?;
         count("prefix_tokens", self.prefix_tokens)?;
+        non_negative("load_s_per_byte", self.load_s_per_byte)?;
         if let Some(q) = &self.queues {
             utilization("fetch_utilization", q.fetch.utilization)?;
             positive("fetch_service_rate", q.fetch.service_rate)?;
@@ -238,6 +245,9 @@ pub struct Decision {
     pub recompute_seconds_per_token: f64,
     /// Transfer seconds per token on this link.
     pub transfer_seconds_per_token: f64,
+    /// The target engine's seconds per token to load fetched KV into its pool.
+    #[serde(default)]
+    pub load_seconds_per_token: f64,
     /// Prefix length above which fetch wins on idle paths; `None` if it never does.
     pub crossover_tokens: Option<f64>,
     /// Fetch-path utilization above which recompute wins (only with queue inputs).
@@ -254,7 +264,8 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
     let (fetch_wait, compute_wait) =
         s.queues.map_or((0.0, 0.0), |q| (q.fetch.wait_seconds(), q.compute.wait_seconds()));
 
-    let fetch_idle = s.link.fetch_seconds(p, bpt);
+    let load_per_token = bpt * s.load_s_per_byte;
+    let fetch_idle = s.link.fetch_seconds(p, bpt) + p as f64 * load_per_token;
     let recompute_idle = s.compute.recompute_seconds(p);
     let fetch_bytes = s.link.wire_bytes(p, bpt);
     let fetch = Candidate {
@@ -290,6 +301,7 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
         fetch_wait_s: fetch_wait,
         overhead_s: policy.split_overhead_s,
         interference: policy.split_interference,
+        load_s_per_token: load_per_token,
     };
     let point = inputs.best();
     let best_pure = if fetch.feasible { fetch.seconds.min(recompute.seconds) } else { recompute.seconds };
@@ -315,7 +327,8 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
         bytes_per_token: bpt,
         recompute_seconds_per_token: s.compute.linear_seconds_per_token(),
         transfer_seconds_per_token: s.link.seconds_per_token(bpt),
-        crossover_tokens: crossover_tokens(bpt, &s.compute, &s.link),
+        load_seconds_per_token: load_per_token,
+        crossover_tokens: crossover_tokens_with_load(bpt, &s.compute, &s.link, load_per_token),
         crossover_utilization,
     })
 }

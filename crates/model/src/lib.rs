@@ -41,7 +41,7 @@ pub use calibration::{
     Prediction, RecomputeCalibration, RecomputeObservation, calibrated, hedge,
 };
 pub use compute::{AttentionShape, ComputeModel, SizeCorrection};
-pub use crossover::{crossover_tokens, crossover_utilization};
+pub use crossover::{crossover_tokens, crossover_tokens_with_load, crossover_utilization};
 pub use decision::{
     Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide,
 };

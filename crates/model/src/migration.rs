@@ -102,6 +102,9 @@ pub struct Measured {
     /// The calibrated shape correction of the profile ([`crate::calibrated`]); `None` when
     /// uncalibrated.
     pub recompute_correction: Option<SizeCorrection>,
+    /// The target engine's seconds per KV byte to load fetched blocks into its pool
+    /// ([`Scenario::load_s_per_byte`]); 0 until measured.
+    pub load_s_per_byte: f64,
 }
 
 /// Why a plan is what it is.
@@ -167,6 +170,9 @@ pub struct MigrationPlan {
     pub recompute_tokens: u64,
     /// Predicted seconds until the prefix is ready (0 when the model was not asked).
     pub predicted_s: f64,
+    /// The target engine's load of the fetched blocks inside `predicted_s` (0 when nothing is
+    /// fetched): the transfer alone is predicted to take `predicted_s − load_s`.
+    pub load_s: f64,
 }
 
 /// Compute-path utilization from the target engine's last load report: 0 when nothing was
@@ -231,6 +237,7 @@ pub fn plan_migration(
             fetch_end: local,
             recompute_tokens: 0,
             predicted_s: 0.0,
+            load_s: 0.0,
         });
     }
     let recompute_all = |reason: PlanReason, model: Option<Decision>, predicted_s: f64| MigrationPlan {
@@ -241,6 +248,7 @@ pub fn plan_migration(
         fetch_end: 0,
         recompute_tokens: total_tokens,
         predicted_s,
+        load_s: 0.0,
     };
     if held <= local {
         if !h.has_tokens {
@@ -263,7 +271,14 @@ pub fn plan_migration(
             compute: QueueState { utilization: compute_rho, service_rate: 1.0 / compute_idle },
         }
     });
-    let scenario = Scenario { kv: m.kv, compute, link, prefix_tokens: fetch_tokens, queues };
+    let scenario = Scenario {
+        kv: m.kv,
+        compute,
+        link,
+        prefix_tokens: fetch_tokens,
+        queues,
+        load_s_per_byte: m.load_s_per_byte,
+    };
     let mut policy = *policy;
     // Split points are on the block grid: a block is fetched or recomputed whole.
     policy.split_granularity = bs;
@@ -286,6 +301,7 @@ pub fn plan_migration(
             fetch_end: held,
             recompute_tokens: 0,
             predicted_s: d.fetch.seconds,
+            load_s: fetch_tokens as f64 * d.load_seconds_per_token,
         },
         Action::Recompute => recompute_all(PlanReason::Model(d.reason), Some(d), d.recompute.seconds),
         Action::Split => {
@@ -298,6 +314,7 @@ pub fn plan_migration(
                 fetch_end: held,
                 recompute_tokens: k,
                 predicted_s: d.split.point.seconds,
+                load_s: d.split.point.load_seconds,
             }
         }
     };
@@ -375,6 +392,7 @@ mod tests {
             fetch_utilization: 0.0,
             compute_utilization: 0.0,
             recompute_correction: None,
+            load_s_per_byte: 0.0,
         }
     }
 

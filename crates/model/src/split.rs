@@ -5,13 +5,18 @@
 //! arXiv 2410.03065): compute from the start of the prefix, load from its end, meet in the
 //! middle. The two legs use different resources (target GPU, WAN), so
 //! `time(k) = max(compute_wait + (1 + i)·recompute(0..k), fetch_wait + (1 + i)·fetch(P − k)) +
-//! overhead`, where the overhead (an extra scheduling round and the merge) and the
+//! load·(P − k) + overhead`, where `load` is the target engine's seconds per token to load
+//! fetched KV into its pool once it has landed (after both legs: the engine takes the fetched
+//! blocks at its next step), and the overhead (an extra scheduling round and the merge) and the
 //! interference `i` apply only to a real split (0 < k < P). `i` is how much each leg slows the
 //! other when both run at once on shared resources (this host: CPU prefill and QUIC on the
 //! same two cores); 0 on separate ones. The daemon learns it from executed splits
-//! ([`crate::calibration::interference`]). The compute leg only grows with `k` and the fetch leg only shrinks, so the
-//! optimum sits where they cross: a binary search over the engine's block grid finds it in
-//! O(log P) evaluations, with no allocation.
+//! ([`crate::calibration::interference`]). The compute leg only grows with `k` and the fetch leg
+//! (and the load) only shrink, so without a load the optimum sits where the legs cross: a binary
+//! search over the engine's block grid finds it in O(log P) evaluations, with no allocation.
+//! Past the crossing the time is the compute leg plus the load, convex in `k` (a convex prefill
+//! plus a linear load), so a second binary search on its slope finds where a load dearer per
+//! token than the prefill stops paying for a longer compute leg.
 
 use serde::{Deserialize, Serialize};
 
@@ -41,6 +46,8 @@ pub struct SplitInputs<'a> {
     pub overhead_s: f64,
     /// Relative slowdown of each leg of a real split while the other runs (≥ 0).
     pub interference: f64,
+    /// Seconds per fetched token for the target engine to load it into its pool (≥ 0).
+    pub load_s_per_token: f64,
 }
 
 /// One evaluated split point.
@@ -54,7 +61,10 @@ pub struct SplitPoint {
     pub compute_leg_seconds: f64,
     /// Completion time of the fetch leg (0 when it is empty).
     pub fetch_leg_seconds: f64,
-    /// Predicted completion: the slower leg plus the overhead of a real split.
+    /// The target engine's load of the fetched tokens, after both legs (0 when none).
+    #[serde(default)]
+    pub load_seconds: f64,
+    /// Predicted completion: the slower leg, the load and the overhead of a real split.
     pub seconds: f64,
 }
 
@@ -79,12 +89,14 @@ impl SplitInputs<'_> {
         } else {
             self.fetch_wait_s + slow * self.link.fetch_seconds(p - k, self.bytes_per_token)
         };
-        let seconds = compute_leg.max(fetch_leg) + if real { self.overhead_s } else { 0.0 };
+        let load = (p - k) as f64 * self.load_s_per_token.max(0.0);
+        let seconds = compute_leg.max(fetch_leg) + load + if real { self.overhead_s } else { 0.0 };
         SplitPoint {
             recompute_tokens: k,
             fetch_tokens: p - k,
             compute_leg_seconds: compute_leg,
             fetch_leg_seconds: fetch_leg,
+            load_seconds: load,
             seconds,
         }
     }
@@ -108,15 +120,31 @@ impl SplitInputs<'_> {
                 lo = mid + 1;
             }
         }
-        let mut best = self.evaluate(k_of(lo));
+        let crossing = lo;
+        let mut best = self.evaluate(k_of(crossing));
         let mut consider = |j: u64| {
             let pt = self.evaluate(k_of(j));
             if pt.seconds < best.seconds {
                 best = pt;
             }
         };
-        if lo > j_lo {
-            consider(lo - 1);
+        if crossing > j_lo {
+            consider(crossing - 1);
+        }
+        // Past the crossing, up to the last real split (j_hi − 1), the time is the compute leg
+        // plus the load and the overhead: convex in k. Its least is the first j whose next
+        // point is no faster (with no load that is the crossing itself).
+        if self.load_s_per_token > 0.0 && crossing + 1 < j_hi {
+            let (mut lo, mut hi) = (crossing, j_hi - 1);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if self.evaluate(k_of(mid + 1)).seconds >= self.evaluate(k_of(mid)).seconds {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
+            }
+            consider(lo);
         }
         // The endpoints are the pure actions (no overhead); a split with overhead can lose to them.
         consider(j_lo);
@@ -141,6 +169,7 @@ mod tests {
             fetch_wait_s: 0.0,
             overhead_s: 0.0,
             interference: 0.0,
+            load_s_per_token: 0.0,
         }
     }
 
@@ -196,14 +225,23 @@ mod tests {
             }));
             for (interference, c) in [0.0, 0.1, 0.5, 1.0, 3.0].into_iter().flat_map(|i| [(i, &c), (i, &bent)])
             {
-                let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
-                let mut s = seed_inputs(c, &l, p);
-                s.bytes_per_token = 131_072.0;
-                s.granularity = g;
-                s.overhead_s = over;
-                s.min_recompute_tokens = kmin;
-                s.interference = interference;
-                assert_eq!(s.best().seconds, brute(&s).seconds, "{gbps} {rtt} {p} {g} {interference}");
+                // Loads from none to dearer per token than the prefill (so the least lies
+                // past the crossing, inside the compute leg's range).
+                for load in [0.0, 1e-6, 1e-4, 1e-3, 2e-2] {
+                    let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
+                    let mut s = seed_inputs(c, &l, p);
+                    s.bytes_per_token = 131_072.0;
+                    s.granularity = g;
+                    s.overhead_s = over;
+                    s.min_recompute_tokens = kmin;
+                    s.interference = interference;
+                    s.load_s_per_token = load;
+                    assert_eq!(
+                        s.best().seconds,
+                        brute(&s).seconds,
+                        "{gbps} {rtt} {p} {g} {interference} {load}"
+                    );
+                }
             }
         }
     }
@@ -228,5 +266,28 @@ mod tests {
         // When each leg runs at half speed while the other runs, splitting cannot win here.
         s.interference = 1.0;
         assert!(!s.best().is_real_split(), "{:?}", s.best());
+    }
+
+    #[test]
+    fn the_load_is_paid_after_both_legs_for_the_fetched_tokens_only() {
+        let c = ComputeModel::new(70e9, 989e12, 0.4, None).unwrap();
+        let weak = LinkModel::new(5.0, 0.07, 1.0).unwrap();
+        let mut s = seed_inputs(&c, &weak, 8000);
+        let free = s.best();
+        s.load_s_per_token = 1e-5;
+        // The pure endpoints: a fetch pays the whole load, a recompute none.
+        assert_eq!(s.evaluate(0).seconds, weak.fetch_seconds(8000, 327_680.0) + 8000.0 * 1e-5);
+        assert_eq!(s.evaluate(8000).seconds, c.recompute_seconds(8000));
+        let pt = s.evaluate(free.recompute_tokens);
+        assert_eq!(pt.load_seconds, free.fetch_tokens as f64 * 1e-5);
+        assert_eq!(pt.seconds, pt.compute_leg_seconds.max(pt.fetch_leg_seconds) + pt.load_seconds);
+        // A dearer load never makes the best split faster, and moves it toward recomputing.
+        let mut last = s.best();
+        for load in [1e-4, 1e-3, 1e-2] {
+            s.load_s_per_token = load;
+            let b = s.best();
+            assert!(b.seconds >= last.seconds && b.recompute_tokens >= last.recompute_tokens, "{load}");
+            last = b;
+        }
     }
 }

@@ -685,6 +685,7 @@ fn measured_1g_50ms() -> kvferry_model::migration::Measured {
         fetch_utilization: 0.0,
         compute_utilization: 0.0,
         recompute_correction: None,
+        load_s_per_byte: 0.0,
     }
 }
 

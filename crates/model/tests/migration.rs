@@ -24,6 +24,7 @@ fn measured(goodput_bps: f64, rtt_s: f64) -> Measured {
         fetch_utilization: 0.0,
         compute_utilization: 0.0,
         recompute_correction: None,
+        load_s_per_byte: 0.0,
     }
 }
 
@@ -181,6 +182,7 @@ fn arb_measured() -> impl Strategy<Value = Measured> {
             fetch_utilization: fr,
             compute_utilization: cr,
             recompute_correction: None,
+            load_s_per_byte: 0.0,
         })
 }
 

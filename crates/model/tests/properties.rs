@@ -41,7 +41,7 @@ fn arb_link() -> impl Strategy<Value = LinkModel> {
 }
 
 fn scenario(kv: KvFootprint, compute: ComputeModel, link: LinkModel, p: u64) -> Scenario {
-    Scenario { kv, compute, link, prefix_tokens: p, queues: None }
+    Scenario { kv, compute, link, prefix_tokens: p, queues: None, load_s_per_byte: 0.0 }
 }
 
 proptest! {
@@ -124,6 +124,33 @@ proptest! {
             Action::Split => d.split.point.seconds,
         };
         prop_assert!(chosen <= d.fetch.seconds.min(d.recompute.seconds) * (1.0 + 1e-12));
+    }
+
+    /// The target engine's load of fetched blocks: a dearer load never makes a fetch or a
+    /// split look faster, never touches a recompute, never turns a recompute into a fetch, and
+    /// the split stays no worse than either pure action (its least is found past the legs'
+    /// crossing when the load costs more per token than the prefill).
+    #[test]
+    fn a_dearer_load_never_favours_fetching(kv in arb_kv(), attn in any::<bool>(), c in arb_compute(false),
+                                            c2 in arb_compute(true), l in arb_link(), p in 1u64..200_000,
+                                            g in 1u64..257, load in 0.0..1e-6f64, more in 1.0..100.0f64) {
+        let c = if attn { c2 } else { c };
+        let policy = Policy { allow_split: true, split_granularity: g, ..Policy::default() };
+        let mut s = scenario(kv, c, l, p);
+        s.load_s_per_byte = load;
+        let a = decide(&s, &policy).unwrap();
+        s.load_s_per_byte = load * more;
+        let b = decide(&s, &policy).unwrap();
+        prop_assert!(b.fetch.seconds >= a.fetch.seconds);
+        prop_assert!(b.split.point.seconds >= a.split.point.seconds * (1.0 - 1e-12));
+        prop_assert_eq!(b.recompute.seconds, a.recompute.seconds);
+        if a.action == Action::Recompute {
+            prop_assert_eq!(b.action, Action::Recompute);
+        }
+        prop_assert!(b.split.point.seconds <= b.fetch.seconds * (1.0 + 1e-12));
+        prop_assert!(b.split.point.seconds <= b.recompute.seconds * (1.0 + 1e-12));
+        let fetched = b.split.point.fetch_tokens as f64 * kv.bytes_per_token() * load * more;
+        prop_assert!((b.split.point.load_seconds - fetched).abs() <= 1e-12 * fetched.max(1.0));
     }
 
     /// The utilization threshold falls as RTT rises.

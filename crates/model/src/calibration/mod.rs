@@ -21,6 +21,10 @@
 //!   [`cpu_share_interference`], what the host's CPU shares predict before any split has run
 //!   (its inputs learnt by [`CpuCost`]).
 //!
+//! - [`LoadCalibration`] (one per engine): seconds per byte for the engine to load fetched
+//!   blocks into its pool after they landed, part of a fetch's cost
+//!   ([`Scenario::load_s_per_byte`](crate::Scenario::load_s_per_byte)).
+//!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
 //! calibrated [`LinkModel`](crate::LinkModel)/[`ComputeModel`](crate::ComputeModel) to
@@ -72,6 +76,7 @@ pub mod fetch;
 pub(crate) mod fit;
 pub mod hedge;
 pub mod interference;
+pub mod load;
 pub mod recompute;
 
 use serde::{Deserialize, Serialize};
@@ -84,6 +89,7 @@ pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
 pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
 pub use interference::InterferenceCalibration;
+pub use load::LoadCalibration;
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
