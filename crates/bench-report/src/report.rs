@@ -80,8 +80,14 @@ pub struct DecisionPoint {
     pub chosen: String,
     pub predicted_fetch_s: f64,
     pub predicted_recompute_s: f64,
+    /// Until the engine can use the prefix: a fetch's migration, then the target engine's load
+    /// of the fetched blocks into its pool at its next step ([`Self::fetch_load_s`] of it).
     pub measured_fetch_s: f64,
     pub measured_recompute_s: f64,
+    /// The target engine's load of the pure fetch's blocks, inside `measured_fetch_s` (0 in
+    /// reports from before it was measured, whose fetches end when the blocks landed).
+    #[serde(default)]
+    pub fetch_load_s: f64,
     /// The model's crossover on this link, tokens (None: fetch never pays).
     pub modeled_crossover_tokens: Option<f64>,
     /// Executed migrations the daemon's fetch and recompute calibrations had learnt from when
@@ -113,6 +119,7 @@ pub struct SplitPoint {
     /// Tokens the split recomputed (the rest were fetched).
     pub split_recompute_tokens: u64,
     pub predicted_split_s: f64,
+    /// Both legs, then the engine's load of the fetched part ([`Self::load_s`] of it).
     pub measured_split_s: f64,
     pub measured_fetch_s: f64,
     pub measured_recompute_s: f64,
@@ -130,6 +137,10 @@ pub struct SplitPoint {
     /// `/proc/stat`, summed over the CPUs); absent where it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_steal_s: Option<f64>,
+    /// The target engine's load of the fetched part after both legs, inside
+    /// `measured_split_s` (0 in reports from before it was measured).
+    #[serde(default)]
+    pub load_s: f64,
 }
 
 impl SplitPoint {

@@ -94,6 +94,7 @@ fn decision(link: &LinkSpec, tokens: u64, noise_fetch: f64, noise_recompute: f64
         predicted_recompute_s: pr,
         measured_fetch_s: pf * noise_fetch,
         measured_recompute_s: pr * noise_recompute,
+        fetch_load_s: 0.0,
         modeled_crossover_tokens: crossover(link),
         fetch_samples: 0,
         recompute_samples: 0,
@@ -120,6 +121,7 @@ fn split(link: &LinkSpec, tokens: u64, recompute_tokens: u64) -> SplitPoint {
         predicted_compute_leg_s: recompute_s(recompute_tokens),
         predicted_fetch_leg_s: predicted - 0.01,
         host_steal_s: Some(0.0),
+        load_s: 0.0,
     }
 }
 

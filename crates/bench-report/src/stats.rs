@@ -260,6 +260,7 @@ mod tests {
             predicted_recompute_s: r,
             measured_fetch_s: f,
             measured_recompute_s: r,
+            fetch_load_s: 0.0,
             modeled_crossover_tokens: Some(2000.0),
             fetch_samples: 0,
             recompute_samples: 0,

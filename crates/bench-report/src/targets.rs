@@ -144,8 +144,10 @@ pub fn split_miss(sp: &SplitPoint) -> String {
     let steal = sp
         .host_steal_s
         .map_or_else(|| "host steal not read".to_owned(), |s| format!("host steal {s:.3} CPU s"));
+    let load =
+        if sp.load_s > 0.0 { format!("; then the engine's load {:.3} s", sp.load_s) } else { String::new() };
     format!(
-        "{} {} tokens ({} recomputed): {:.3} s against {:.3} modeled ({:+.1}%); {leg}; {steal}",
+        "{} {} tokens ({} recomputed): {:.3} s against {:.3} modeled ({:+.1}%); {leg}{load}; {steal}",
         sp.link.profile,
         sp.prefix_tokens,
         sp.split_recompute_tokens,

@@ -10,8 +10,10 @@ use kvferry_bench_report::{
     target_notes,
 };
 use kvferry_model::LinkModel;
+use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
 use kvferry_proto::v1::{Action, GenerateRequest, PolicyMode};
 use kvferry_wanem::{Emulator, EmulatorConfig, PathProfile, Side};
+use tonic::transport::Channel;
 
 use crate::regions::{BLOCK_TOKENS, EngineShape, RegionOptions, Regions, cpu_seconds};
 use crate::session::{self, Allow};
@@ -753,6 +755,7 @@ async fn decisions(
     mut seed: u64,
 ) -> anyhow::Result<()> {
     let mut eng_a = regions.engine(Side::A).await?;
+    let mut eng_b = regions.engine(Side::B).await?;
     let mut mig = regions.migration(Side::B).await?;
     // One long conversation held by region A: its prefixes show what the daemon models now
     // (live link estimate, the engine's measured profile) at every length.
@@ -794,7 +797,6 @@ async fn decisions(
     // (`Generate` without the cache: not through the daemon, so nothing calibrates from it)
     // brings it back first.
     {
-        let mut eng_b = regions.engine(Side::B).await?;
         let warm = session::prompt(2 * BLOCK_TOKENS as usize, seed);
         seed += 1;
         let g = eng_b
@@ -823,11 +825,13 @@ async fn decisions(
         let f = session::fill(&mut eng_a, &x).await?;
         session::wait_for_holdings(&mut mig, &x, f.tokens, Duration::from_secs(60)).await?;
         let (f, r) = session::pure_runs(&mut mig, ("bench-warm", seed), &x, &y, n, BLOCK_TOKENS).await?;
+        // The engine's next step loads the fetched blocks (the daemon's first load sample).
+        let load_s = engine_load_s(regions, &mut eng_b, &x).await?;
         // The daemon's receipts (what the sweep scores) and the router's walls, which add the
         // gRPC round trip across the link: the warm-ups "twice as slow" in the runs of
         // 2026-12-03 were router walls read against receipts (one RTT more, 50 and 150 ms).
         println!(
-            "  warm-up (not scored): fetch {:.3} s, recompute {:.3} s of {n} tokens (router's walls {:.3} / {:.3} s)",
+            "  warm-up (not scored): fetch {:.3} s + engine load {load_s:.3} s, recompute {:.3} s of {n} tokens (router's walls {:.3} / {:.3} s)",
             f.receipt.wall_s, r.receipt.wall_s, f.router_s, r.router_s
         );
     }
@@ -853,6 +857,10 @@ async fn decisions(
             format!("{} (unexpected)", d.action)
         };
         let mut p = session::decision_point(link, n, chosen, &d, &fetched, &recomputed);
+        // A fetch ends, for the engine, when its next step has loaded the fetched blocks into
+        // its pool; a recompute wrote the pool as it ran.
+        p.fetch_load_s = engine_load_s(regions, &mut eng_b, &x).await?;
+        p.measured_fetch_s += p.fetch_load_s;
         if d.hedge {
             let f = session::fill(&mut eng_a, &w).await?;
             session::wait_for_holdings(&mut mig, &w, f.tokens, Duration::from_secs(60)).await?;
@@ -865,19 +873,26 @@ async fn decisions(
             )
             .await?;
             session::record_hedge(&mut p, &hedged)?;
+            // Whichever leg won, the engine's next step loads what was fetched (nothing after
+            // a recompute won).
+            let load_s = engine_load_s(regions, &mut eng_b, &w).await?;
+            if let Some(h) = p.measured_hedge_s.as_mut() {
+                *h += load_s;
+            }
         }
         let steal0 = session::host_steal_s();
         let split =
             session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, Allow::SPLIT)
                 .await?;
         let host_steal_s = steal0.zip(session::host_steal_s()).map(|(a, b)| (b - a).max(0.0));
+        let split_load_s = engine_load_s(regions, &mut eng_b, &z).await?;
         let split_note = if split.receipt.action == "split" && split.receipt.fallback.is_empty() {
             let s = SplitPoint {
                 link: link.clone(),
                 prefix_tokens: n,
                 split_recompute_tokens: split.decision.split_recompute_tokens,
                 predicted_split_s: split.receipt.predicted_s,
-                measured_split_s: split.receipt.wall_s,
+                measured_split_s: split.receipt.wall_s + split_load_s,
                 measured_fetch_s: p.measured_fetch_s,
                 measured_recompute_s: p.measured_recompute_s,
                 compute_leg_s: split.receipt.split_compute_leg_s,
@@ -885,9 +900,10 @@ async fn decisions(
                 predicted_compute_leg_s: split.receipt.predicted_compute_leg_s,
                 predicted_fetch_leg_s: split.receipt.predicted_fetch_leg_s,
                 host_steal_s,
+                load_s: split_load_s,
             };
             let note = format!(
-                "split {} recomputed: {:.3} s (predicted {:.3}; legs: compute {:.3} / {:.3}, fetch {:.3} / {:.3}{})",
+                "split {} recomputed: {:.3} s (predicted {:.3}; legs: compute {:.3} / {:.3}, fetch {:.3} / {:.3}, then load {:.3}{})",
                 s.split_recompute_tokens,
                 s.measured_split_s,
                 s.predicted_split_s,
@@ -895,6 +911,7 @@ async fn decisions(
                 s.predicted_compute_leg_s,
                 s.fetch_leg_s,
                 s.predicted_fetch_leg_s,
+                s.load_s,
                 s.host_steal_s.map_or(String::new(), |x| format!("; host steal {x:.3} CPU s"))
             );
             report.splits.push(s);
@@ -903,11 +920,12 @@ async fn decisions(
             format!("with split allowed: {}", split.receipt.action)
         };
         println!(
-            "    {n:>6} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; {split_note}",
+            "    {n:>6} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} (load {:.3}) / {:.3}; {split_note}",
             p.chosen,
             p.predicted_fetch_s,
             p.predicted_recompute_s,
             p.measured_fetch_s,
+            p.fetch_load_s,
             p.measured_recompute_s
         );
         println!("           {}", session::hedge_note(&p, &d));
@@ -915,6 +933,25 @@ async fn decisions(
         regions.check_alive()?;
     }
     Ok(())
+}
+
+/// The target engine's next step on the prefix `tokens`: it loads what of it landed in this
+/// region into its pool (`Engine.Load`, served by the target daemon), and hashes it. Returns
+/// the target daemon's load time for it (its `kvferry_engine_load_microseconds_total`), 0 when
+/// nothing was loaded (a recompute wrote the pool itself).
+async fn engine_load_s(
+    regions: &Regions,
+    eng_b: &mut ReferenceEngineClient<Channel>,
+    tokens: &[u32],
+) -> anyhow::Result<f64> {
+    let us0 = target_load_us(regions).await;
+    session::digest(eng_b, tokens).await?;
+    Ok((target_load_us(regions).await - us0).max(0.0) / 1e6)
+}
+
+/// The target daemon's engine loads so far, microseconds (0 where its metrics cannot be read).
+pub(crate) async fn target_load_us(regions: &Regions) -> f64 {
+    regions.metric(Side::B, "kvferry_engine_load_microseconds_total").await.unwrap_or(0.0)
 }
 
 /// Where the daemon's bands overlapped on the probed grid, for the log.

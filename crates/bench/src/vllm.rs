@@ -246,11 +246,17 @@ pub async fn decisions(
             // recomputed: vLLM B's own prefix cache).
             let mut turn = x.clone();
             turn.extend(session::prompt(16, seed + 7));
+            let us0 = crate::run::target_load_us(regions).await;
             let cached_fetch = complete(b, v, &turn, 1, session::TENANT).await?;
+            let load_s = (crate::run::target_load_us(regions).await - us0).max(0.0) / 1e6;
             if cached_fetch + bs < n {
                 bail!("vLLM B's next turn after a fetch of {n} tokens reported only {cached_fetch} cached");
             }
             let mut p = session::decision_point(link, n, d.action.clone(), &d, &fetched, &recomputed);
+            // The fetch ends, for vLLM, once its next turn has loaded the blocks (the turn's
+            // own prefill of the new tokens is not counted).
+            p.fetch_load_s = load_s;
+            p.measured_fetch_s += load_s;
             if d.hedge {
                 complete(a, v, &w, 1, session::TENANT).await?;
                 session::wait_for_holdings(&mut mig, &w, n, Duration::from_secs(60)).await?;
