@@ -130,10 +130,9 @@ impl Calibrations {
     }
 
     /// `engine_id`'s seconds per byte to load fetched blocks into its pool (0 before its first
-    /// load of at least [`kvferry_model::calibration::load::MIN_LOAD_BYTES`]), and the loads
-    /// it was learnt from.
-    pub fn load_s_per_byte(&self, engine_id: &str) -> (f64, u64) {
-        self.load.locked().get(engine_id).map_or((0.0, 0), |c| (c.s_per_byte().unwrap_or(0.0), c.samples()))
+    /// load of at least [`kvferry_model::calibration::load::MIN_LOAD_BYTES`]).
+    pub fn load_s_per_byte(&self, engine_id: &str) -> f64 {
+        self.load.locked().get(engine_id).and_then(LoadCalibration::s_per_byte).unwrap_or(0.0)
     }
 
     /// The interference to plan `engine_id`'s next split with: learnt from its executed

@@ -457,7 +457,7 @@ pub async fn prepare_with(
         }
         let profile = *p.engine.profile.locked();
         p.recompute_cal = shared.calib.recompute(&p.engine.engine_id, profile);
-        p.load_s_per_byte = shared.calib.load_s_per_byte(&p.engine.engine_id).0;
+        p.load_s_per_byte = shared.calib.load_s_per_byte(&p.engine.engine_id);
     }
     if !notes.is_empty() {
         p.source_note = Some(notes.join("; "));

@@ -26,6 +26,8 @@ pub const MIN_LOAD_BYTES: u64 = 1 << 20;
 pub struct LoadCalibration {
     /// Seconds per byte of the last loads, oldest first.
     window: VecDeque<f64>,
+    /// The window's median, kept by `observe` (the decision path reads it without allocating).
+    median: Option<f64>,
     samples: u64,
 }
 
@@ -47,17 +49,15 @@ impl LoadCalibration {
             self.window.pop_front();
         }
         self.window.push_back(seconds / bytes as f64);
+        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        self.median = Some(super::median_of(&mut v));
         self.samples += 1;
         Ok(true)
     }
 
     /// Seconds per byte: the median of the window; `None` before the first sample.
     pub fn s_per_byte(&self) -> Option<f64> {
-        if self.window.is_empty() {
-            return None;
-        }
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
-        Some(super::median_of(&mut v))
+        self.median
     }
 
     /// Loads folded in so far.
