@@ -48,6 +48,11 @@ pub struct TransferPoint {
     pub load_s: f64,
     #[serde(default)]
     pub load_cpu_s_per_gib: f64,
+    /// Packets the emulator's bottleneck queue dropped during the fetch, source to target
+    /// (the congestion controller overrunning the queue); absent in reports from before
+    /// 2026-12-06 evening.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_drops: Option<u64>,
     /// The target engine's pool holds byte-identical blocks after loading them.
     pub verified: bool,
 }
@@ -141,6 +146,10 @@ pub struct SplitPoint {
     /// `measured_split_s` (0 in reports from before it was measured).
     #[serde(default)]
     pub load_s: f64,
+    /// Packets the emulator's bottleneck queue dropped during the split, source to target;
+    /// absent in reports from before 2026-12-06 evening.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_drops: Option<u64>,
 }
 
 impl SplitPoint {

@@ -63,6 +63,7 @@ fn transfer(link: &LinkSpec, mib: u64, efficiency: f64) -> TransferPoint {
         staging_bytes_target: bytes.min(128 * MIB),
         load_s: bytes as f64 / 2e9,
         load_cpu_s_per_gib: 0.6,
+        queue_drops: Some(0),
         verified: true,
     }
 }
@@ -122,6 +123,7 @@ fn split(link: &LinkSpec, tokens: u64, recompute_tokens: u64) -> SplitPoint {
         predicted_fetch_leg_s: predicted - 0.01,
         host_steal_s: Some(0.0),
         load_s: 0.0,
+        queue_drops: Some(0),
     }
 }
 

@@ -24,25 +24,28 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// The daemons' congestion controller for a profile: one for every profile, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CongestionChoice {
-    /// What an operator would set for the path: CUBIC where the path does not drop packets
-    /// at random, kvferry's loss-tolerant controller where it does. quinn's CUBIC with the BDP
-    /// as its initial window runs a lossless 1 Gbit/s path at 90–95 % where quinn's BBR, whose
-    /// startup leaves early, ran 64–76 %; at 0.1 % random loss CUBIC halves its window on
-    /// every loss and carries ~1 % of the link, BBR 75–83 % and the loss-tolerant controller
-    /// 90–95 % (`bench/results/transport-start-2026-12-03/`,
-    /// `bench/results/bench-loss-cubic-vs-bbr.md`, `bench/results/lossy-2026-12-05/`).
+    /// What an operator of a dedicated inter-region pipe would set: kvferry's loss-tolerant
+    /// controller on every profile. Under random loss CUBIC halves its window on every loss
+    /// and carries ~1 % of the link, quinn's BBR 75–83 %, the loss-tolerant controller 90–95 %
+    /// (`bench/results/bench-loss-cubic-vs-bbr.md`, `bench/results/lossy-2026-12-05/`). On a
+    /// lossless path quinn's CUBIC (no HyStart) leaves slow start only at a loss: a warm
+    /// connection's window overran the emulator's one-BDP queue in fetches of 16–64 MiB,
+    /// dropped hundreds to thousands of packets and finished a round trip late, where the
+    /// loss-tolerant controller's delay signal ends slow start first (16 MiB at 1 Gbit/s ×
+    /// 50 ms: 2 of 8 CUBIC fetches 1.33× the model with 117–548 drops, none of 8 with it;
+    /// 64 MiB 84–85 % of the link against 74–80 %, 256 MiB–2 GiB the same or better:
+    /// `bench/results/congestion-lossless-2026-12-06/`).
     Auto,
     /// This controller on every profile.
     Fixed(kvferry_peer::Congestion),
 }
 
 impl CongestionChoice {
-    /// The controller for a path with random loss `loss` (a fraction).
-    pub fn for_loss(self, loss: f64) -> kvferry_peer::Congestion {
+    /// The daemons' controller.
+    pub fn controller(self) -> kvferry_peer::Congestion {
         match self {
             Self::Fixed(c) => c,
-            Self::Auto if loss > 0.0 => kvferry_peer::Congestion::Tolerant,
-            Self::Auto => kvferry_peer::Congestion::Cubic,
+            Self::Auto => kvferry_peer::Congestion::Tolerant,
         }
     }
 }
@@ -89,8 +92,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_hedge: bool,
     /// Congestion controller of the daemons (auto | cubic | bbr | newreno | tolerant; auto:
-    /// CUBIC on a lossless profile, the loss-tolerant controller on a lossy one); anything
-    /// else is refused when the flags are parsed.
+    /// the loss-tolerant controller on every profile); anything else is refused when the
+    /// flags are parsed.
     #[arg(long, default_value = "auto", value_parser = parse_congestion)]
     pub congestion: CongestionChoice,
     /// The emulator's receive-coalescing hold in µs (its NIC's interrupt moderation: due
@@ -313,7 +316,7 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
         if vllm.is_some() {
             link.profile = format!("{name} (vLLM)");
         }
-        let congestion = a.congestion.for_loss(link.loss);
+        let congestion = a.congestion.controller();
         println!(
             "\n== profile {name}: {:.0} Mbit/s, RTT {:.0} ms, loss {:.2}%, congestion {}",
             link.rate_bps / 1e6,
@@ -475,9 +478,9 @@ async fn profile_body(
         if loaded { plan.sizes.iter().copied().min().into_iter().collect() } else { plan.sizes.clone() };
     for &bytes in &sizes {
         seed += 1;
-        let p = transfer(link, shape, regions, bytes, seed).await?;
+        let p = transfer(emu, link, shape, regions, bytes, seed).await?;
         println!(
-            "  fetch {:>5} MiB: {:.2} s, {:.0} Mbit/s ({:.0}% of link), model {:.2} s (ratio {:.2}), first layer {:.3} s, CPU s/GiB src {:.2} tgt {:.2}, engine load {:.3} s ({:.2} CPU s/GiB), verified {}",
+            "  fetch {:>5} MiB: {:.2} s, {:.0} Mbit/s ({:.0}% of link), model {:.2} s (ratio {:.2}), first layer {:.3} s, CPU s/GiB src {:.2} tgt {:.2}, engine load {:.3} s ({:.2} CPU s/GiB), queue drops {}, verified {}",
             bytes / MIB,
             p.wall_s,
             p.goodput_bps / 1e6,
@@ -489,6 +492,7 @@ async fn profile_body(
             p.cpu_s_per_gib_target,
             p.load_s,
             p.load_cpu_s_per_gib,
+            p.queue_drops.unwrap_or(0),
             p.verified
         );
         report.transfers.push(p);
@@ -497,7 +501,7 @@ async fn profile_body(
     if !a.no_baselines && !loaded {
         type Baseline<'a> =
             Box<dyn Fn(&Emulator, u64) -> anyhow::Result<kvferry_baselines::BaselineRun> + 'a>;
-        let cc = a.congestion.for_loss(link.loss);
+        let cc = a.congestion.controller();
         let runs: [(&str, Baseline<'_>); 5] = [
             ("quinn-defaults", Box::new(kvferry_baselines::quinn_defaults)),
             ("tcp-tls", Box::new(kvferry_baselines::tcp_tls)),
@@ -546,7 +550,7 @@ async fn profile_body(
         if let Some(l) = &load {
             println!("  competing CPU load: {} busy thread(s) during the decision sweep", l.threads());
         }
-        decisions(plan, link, shape, regions, report, seed * 31).await?;
+        decisions(plan, link, shape, emu, regions, report, seed * 31).await?;
     }
     Ok(())
 }
@@ -559,6 +563,7 @@ fn model_fetch_s(link: &LinkSpec, bytes: u64) -> f64 {
 }
 
 async fn transfer(
+    emu: &Emulator,
     link: &LinkSpec,
     shape: &EngineShape,
     regions: &mut Regions,
@@ -573,10 +578,12 @@ async fn transfer(
     let filled = session::fill(&mut eng_a, &tokens).await?;
     session::wait_for_holdings(&mut mig, &tokens, filled.tokens, Duration::from_secs(60)).await?;
     let (cpu_a0, cpu_b0) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
+    let drops0 = emu.stats().ab.queue_drops;
     let m =
         session::migrate(&mut mig, &format!("bench-fetch-{seed}"), &tokens, PolicyMode::Fetch, Allow::PURE)
             .await?;
     let (cpu_a1, cpu_b1) = (cpu_seconds(regions.a.daemon_pid), cpu_seconds(regions.b.daemon_pid));
+    let queue_drops = emu.stats().ab.queue_drops.saturating_sub(drops0);
     let r = &m.receipt;
     if r.kind() != Action::Fetch || !r.fallback.is_empty() {
         bail!("a {} MiB fetch ended as {} (fallback: {})", bytes / MIB, r.action, r.fallback);
@@ -612,6 +619,7 @@ async fn transfer(
         staging_bytes_target: staging_b as u64,
         load_s: (load_us1 - load_us0).max(0.0) / 1e6,
         load_cpu_s_per_gib: load_cpu_s / gib,
+        queue_drops: Some(queue_drops),
         verified,
     })
 }
@@ -750,6 +758,7 @@ async fn decisions(
     plan: &Plan,
     link: &LinkSpec,
     shape: &EngineShape,
+    emu: &Emulator,
     regions: &mut Regions,
     report: &mut BenchReport,
     mut seed: u64,
@@ -881,10 +890,12 @@ async fn decisions(
             }
         }
         let steal0 = session::host_steal_s();
+        let drops0 = emu.stats().ab.queue_drops;
         let split =
             session::migrate(&mut mig, &format!("bench-dq-split-{seed}"), &z, PolicyMode::Auto, Allow::SPLIT)
                 .await?;
         let host_steal_s = steal0.zip(session::host_steal_s()).map(|(a, b)| (b - a).max(0.0));
+        let queue_drops = emu.stats().ab.queue_drops.saturating_sub(drops0);
         let split_load_s = engine_load_s(regions, &mut eng_b, &z).await?;
         let split_note = if split.receipt.action == "split" && split.receipt.fallback.is_empty() {
             let s = SplitPoint {
@@ -901,9 +912,10 @@ async fn decisions(
                 predicted_fetch_leg_s: split.receipt.predicted_fetch_leg_s,
                 host_steal_s,
                 load_s: split_load_s,
+                queue_drops: Some(queue_drops),
             };
             let note = format!(
-                "split {} recomputed: {:.3} s (predicted {:.3}; legs: compute {:.3} / {:.3}, fetch {:.3} / {:.3}, then load {:.3}{})",
+                "split {} recomputed: {:.3} s (predicted {:.3}; legs: compute {:.3} / {:.3}, fetch {:.3} / {:.3}, then load {:.3}; queue drops {queue_drops}{})",
                 s.split_recompute_tokens,
                 s.measured_split_s,
                 s.predicted_split_s,
@@ -996,11 +1008,10 @@ mod tests {
             args(&["--congestion", "tolerant"]).congestion,
             CongestionChoice::Fixed(Congestion::Tolerant)
         );
-        // auto: CUBIC on a lossless path, the loss-tolerant controller on a lossy one; a fixed
-        // choice everywhere.
-        assert_eq!(CongestionChoice::Auto.for_loss(0.0), Congestion::Cubic);
-        assert_eq!(CongestionChoice::Auto.for_loss(0.001), Congestion::Tolerant);
-        assert_eq!(CongestionChoice::Fixed(Congestion::Bbr).for_loss(0.0), Congestion::Bbr);
+        // auto: the loss-tolerant controller; a fixed choice as given.
+        assert_eq!(CongestionChoice::Auto.controller(), Congestion::Tolerant);
+        assert_eq!(CongestionChoice::Fixed(Congestion::Bbr).controller(), Congestion::Bbr);
+        assert_eq!(CongestionChoice::Fixed(Congestion::Cubic).controller(), Congestion::Cubic);
     }
 
     #[test]
