@@ -399,6 +399,29 @@ async fn a_fetch_is_priced_with_the_engines_load_once_it_has_loaded() {
     let fetch = after.candidates.iter().find(|c| c.action == "fetch").expect("a fetch candidate");
     let load = after.load_s_per_token * after.source_tokens as f64;
     assert!(fetch.seconds > load, "the fetch's {} s include the {load} s load: {after:?}", fetch.seconds);
+    // GetLinks exports the same learnt rate, per byte, for the engine that loaded.
+    let links = router_b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let e = links.engines.iter().find(|e| e.load_samples >= 1).unwrap_or_else(|| panic!("{links:?}"));
+    assert!(
+        (e.load_s_per_byte * after.bytes_per_token - after.load_s_per_token).abs()
+            <= 1e-9 + after.load_s_per_token * 1e-6,
+        "GetLinks {} s/byte against the plan's {} s/token: {links:?}",
+        e.load_s_per_byte,
+        after.load_s_per_token
+    );
+    // `kvferry links` shows it in its engines table.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvferry"))
+        .args(["links", "--daemon", &format!("http://{}", cl.grpc[1])])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    let row =
+        text.lines().find(|l| l.trim_start().starts_with(&e.engine_id)).unwrap_or_else(|| panic!("{text}"));
+    let load_gib: f64 =
+        row.split_whitespace().nth(7).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{row}"));
+    let want = e.load_s_per_byte * f64::from(1u32 << 30);
+    assert!((load_gib - want).abs() <= 0.0005 + want * 1e-3, "{row}: {want} s/GiB");
 }
 
 /// A fetched prefix larger than one staging batch: region B's daemon runs with the smallest

@@ -135,6 +135,11 @@ impl Calibrations {
         self.load.locked().get(engine_id).and_then(LoadCalibration::s_per_byte).unwrap_or(0.0)
     }
 
+    /// `engine_id`'s load rate and the loads it was learnt from (`(0, 0)` before the first).
+    pub fn load_state(&self, engine_id: &str) -> (f64, u64) {
+        self.load.locked().get(engine_id).map_or((0.0, 0), |c| (c.s_per_byte().unwrap_or(0.0), c.samples()))
+    }
+
     /// The interference to plan `engine_id`'s next split with: learnt from its executed
     /// splits, `prior` until the first one.
     pub fn split_interference(&self, engine_id: &str, prior: f64) -> f64 {

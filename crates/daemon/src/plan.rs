@@ -792,6 +792,7 @@ pub fn engine_calibration(
     e: &kvferry_model::calibration::RecomputeEstimate,
     (split_interference, split_samples): (f64, u64),
     (hedge_interference, hedge_samples): (f64, u64),
+    (load_s_per_byte, load_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
     kvferry_proto::v1::EngineCalibration {
         engine_id: engine_id.to_owned(),
@@ -807,6 +808,8 @@ pub fn engine_calibration(
         split_samples: split_samples.min(u64::from(u32::MAX)) as u32,
         hedge_interference,
         hedge_samples: hedge_samples.min(u64::from(u32::MAX)) as u32,
+        load_s_per_byte,
+        load_samples: load_samples.min(u64::from(u32::MAX)) as u32,
     }
 }
 

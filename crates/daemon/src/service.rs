@@ -211,7 +211,7 @@ impl Migration for MigrationService {
                 let policy = &self.shared.config.policy;
                 let split = self.shared.calib.split_state(id, policy.split_interference);
                 let hedge = self.shared.calib.hedge_state(id, policy.hedge_interference);
-                engine_calibration(id, *reported, e, split, hedge)
+                engine_calibration(id, *reported, e, split, hedge, self.shared.calib.load_state(id))
             })
             .collect();
         Ok(Response::new(GetLinksResponse { region: self.shared.config.region.clone(), links, engines }))
