@@ -175,8 +175,9 @@ impl Calibrations {
         }
     }
 
-    /// Folds in one executed hedge of `engine_id` whose winner finished `measured_s` after
-    /// both legs started, against the race's expected `predicted_s` priced with interference
+    /// Folds in one executed hedge of `engine_id` whose winner made the prefix usable
+    /// `measured_s` after both legs started (a winning fetch's landing plus the engine's load
+    /// its prediction included), against the race's expected `predicted_s` priced with interference
     /// `used` on both legs. Scaling both legs by `1 + i` scales the expected minimum by exactly
     /// `1 + i`, so the split's estimator ([`InterferenceCalibration`]) applies unchanged.
     pub fn observe_hedge(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {

@@ -463,7 +463,8 @@ pub struct PolicyDefaults {
     /// Prior of the hedge interference: the relative slowdown of each leg of a hedge while the
     /// other races it (they share this host's cores when the engine prefills on CPU). With
     /// `calibrate`, an engine's measured split interference replaces it, and its executed
-    /// hedges' own measurement (winner's time against the race's expected time) replaces that;
+    /// hedges' own measurement (the winner's time until the engine can use the prefix — a
+    /// winning fetch plus its priced load — against the race's expected time) replaces that;
     /// a hedge that cannot beat the better pure action by `hedge_min_gain` once slowed is not
     /// run. At most 4.
     pub hedge_interference: f64,

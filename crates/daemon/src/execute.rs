@@ -175,7 +175,10 @@ pub async fn execute(
             receipt.measured_s,
         );
     }
+    // A hedge's wall is a race's, not the planned pure action's: it says nothing of that
+    // prediction (the race calibrates the hedge interference instead).
     if receipt.fallback.is_empty()
+        && !receipt.hedged
         && executed_predicted_s > 0.0
         && let Some((src, _)) = &p.source
     {
@@ -183,6 +186,16 @@ pub async fn execute(
         shared.metrics.last_prediction_error.set(prediction_error(executed_predicted_s, receipt.measured_s));
     }
     Ok(receipt)
+}
+
+/// When a hedge's winner made the prefix usable, `elapsed_s` after both legs started: a
+/// recompute wrote the engine's pool as it ran; a fetch has landed and the engine's load of it,
+/// `fetch_load_s` (what its prediction included), is still to come.
+pub fn hedge_usable_s(winner: MigrationAction, elapsed_s: f64, fetch_load_s: f64) -> f64 {
+    match winner {
+        MigrationAction::Fetch => elapsed_s + fetch_load_s,
+        _ => elapsed_s,
+    }
 }
 
 fn fill_recompute(shared: &Shared, p: &Prepared, receipt: &mut Receipt, tokens: u64) {
@@ -229,10 +242,16 @@ async fn hedge(
     let loser_s = started.elapsed().as_secs_f64();
     let m = &shared.metrics;
     // A clean race (the first to finish succeeded) is one sample of this engine's hedge
-    // interference: the winner's time against the race's expected minimum, which was priced
-    // with the interference then in force. A race whose first leg failed is not one.
-    let clean = matches!(first, First::Fetch(Ok(_)) | First::Recompute(Ok(_)));
-    if clean
+    // interference: the winner's time until the engine can use the prefix against the race's
+    // expected minimum, which was priced with the interference then in force and, for the
+    // fetch, with the engine's load after it (a fetch that won has landed, not been loaded:
+    // its load is added as it was priced). A race whose first leg failed is not one.
+    let winner = match &first {
+        First::Fetch(Ok(_)) => Some(MigrationAction::Fetch),
+        First::Recompute(Ok(_)) => Some(MigrationAction::Recompute),
+        _ => None,
+    };
+    if let Some(usable_s) = winner.map(|w| hedge_usable_s(w, loser_s, plan.fetch_load_s))
         && shared.config.policy.calibrate
         && let Some(h) = plan.hedge.filter(|h| h.expected_s > 0.0)
     {
@@ -241,7 +260,7 @@ async fn hedge(
             shared.config.policy.hedge_interference,
             p.hedge_policy.fetch_interference,
             h.expected_s,
-            loser_s,
+            usable_s,
         );
     }
     match first {
@@ -744,6 +763,16 @@ mod tests {
     //! The executor's rules on plain values (the driver around them is exercised end to end
     //! by crates/cli/tests: fetch, recompute, split, fallback, a killed source).
     use super::*;
+
+    #[test]
+    fn a_hedge_won_by_a_fetch_is_usable_only_after_the_engines_load() {
+        // A fetch that won has landed; the load its prediction included is still to come.
+        assert_eq!(hedge_usable_s(MigrationAction::Fetch, 0.25, 0.125), 0.375);
+        // A recompute that won wrote the pool as it ran: its time is when it is usable.
+        assert_eq!(hedge_usable_s(MigrationAction::Recompute, 0.25, 0.125), 0.25);
+        // Before any load was learnt the fetch's time is its landing.
+        assert_eq!(hedge_usable_s(MigrationAction::Fetch, 0.25, 0.0), 0.25);
+    }
 
     #[test]
     fn a_fetch_leaves_the_reserve_before_the_deadline_when_there_is_room() {

@@ -111,6 +111,10 @@ pub struct Planned {
     /// was asked and calibration is on).
     pub fetch_prediction: Option<Prediction>,
     pub recompute_prediction: Option<Prediction>,
+    /// The engine's load of the fetch the model priced (the whole prefix wherever a hedge is
+    /// possible), inside `fetch_prediction` and so inside a hedge's expected time when the
+    /// fetch wins: what a fetch that won a race still needs before the engine can use it.
+    pub fetch_load_s: f64,
     /// Run the other pure action beside `action` and keep the first to finish
     /// ([`kvferry_model::plan_hedge`]); the fetch leg takes blocks `[0, hedge_fetch_end)`.
     pub hedge: Option<HedgeDecision>,
@@ -605,9 +609,9 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
 }
 
 /// The calibrated predictions (mean and band) of fetching and of recomputing what the model
-/// priced, when the model was asked.
-fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Prediction>, Option<Prediction>) {
-    let (Some(d), Some(fig)) = (model, p.figures) else { return (None, None) };
+/// priced, when the model was asked, and the engine's load inside the fetch's.
+fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Prediction>, Option<Prediction>, f64) {
+    let (Some(d), Some(fig)) = (model, p.figures) else { return (None, None, 0.0) };
     let tokens = priced_tokens(p);
     let bytes = (tokens as f64 * d.bytes_per_token) as u64;
     // The engine's load of the fetched blocks follows the transfer (a fetch's cost until the
@@ -619,7 +623,7 @@ fn predictions(p: &Prepared, model: Option<&ModelDecision>) -> (Option<Predictio
         .and_then(|c| c.predict(bytes, fig.rtt_s).ok())
         .map(|f| Prediction { seconds: f.seconds + load_s, ..f });
     let recompute = p.recompute_cal.as_ref().and_then(|c| c.predict(tokens, 0, p.engine_load).ok());
-    (fetch, recompute)
+    (fetch, recompute, load_s)
 }
 
 /// The source's fetch-path utilization from its answer to the query (0 without one).
@@ -644,7 +648,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     };
     let plan = plan_migration(&holdings, measured(p)?.as_ref(), &p.policy, remaining_s)
         .map_err(|e| DaemonError::from_plan(&e, reason))?;
-    let (fetch_prediction, recompute_prediction) = predictions(p, plan.model.as_ref());
+    let (fetch_prediction, recompute_prediction, fetch_load_s) = predictions(p, plan.model.as_ref());
     let weighed = kvferry_model::consider_hedge(
         &plan,
         &holdings,
@@ -664,6 +668,7 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
     Ok(Planned {
         fetch_prediction,
         recompute_prediction,
+        fetch_load_s,
         hedge,
         hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
