@@ -32,6 +32,8 @@ pub const MAX_INTERFERENCE: f64 = 4.0;
 pub struct InterferenceCalibration {
     prior: f64,
     window: VecDeque<f64>,
+    /// The estimate, kept by `observe` (the decision path reads it without allocating).
+    estimate: f64,
     samples: u64,
 }
 
@@ -39,7 +41,12 @@ impl InterferenceCalibration {
     /// Starts at `prior` (≥ 0, at most [`MAX_INTERFERENCE`]).
     pub fn new(prior: f64) -> Result<Self, CalibrationError> {
         let prior = sample_non_negative("split interference prior", prior, MAX_INTERFERENCE)?;
-        Ok(InterferenceCalibration { prior, window: VecDeque::with_capacity(WINDOW), samples: 0 })
+        Ok(InterferenceCalibration {
+            prior,
+            window: VecDeque::with_capacity(WINDOW),
+            estimate: prior,
+            samples: 0,
+        })
     }
 
     /// Folds in one executed split: the interference it was planned with, its predicted and its
@@ -53,17 +60,16 @@ impl InterferenceCalibration {
             self.window.pop_front();
         }
         self.window.push_back(slowdown);
+        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        self.estimate = (crate::calibration::median_of(&mut v) - 1.0).clamp(0.0, MAX_INTERFERENCE);
         self.samples += 1;
         Ok(())
     }
 
-    /// The interference to plan the next split with.
+    /// The interference to plan the next split with: the prior until the first sample, then
+    /// the median slowdown of the window, less one.
     pub fn estimate(&self) -> f64 {
-        if self.window.is_empty() {
-            return self.prior;
-        }
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
-        (crate::calibration::median_of(&mut v) - 1.0).clamp(0.0, MAX_INTERFERENCE)
+        self.estimate
     }
 
     /// Samples accepted so far.
