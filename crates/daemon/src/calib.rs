@@ -180,6 +180,9 @@ impl Calibrations {
     /// its prediction included), against the race's expected `predicted_s` priced with interference
     /// `used` on both legs. Scaling both legs by `1 + i` scales the expected minimum by exactly
     /// `1 + i`, so the split's estimator ([`InterferenceCalibration`]) applies unchanged.
+    /// `prior` anchors the engine's hedge calibration when this is its first race: the daemon
+    /// passes what the race was priced with (the split's estimate, borrowed until then), so
+    /// the first race does not drop the hedges back to the configured prior.
     pub fn observe_hedge(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
         observe_interference(&self.hedge, "hedge", engine_id, prior, used, predicted_s, measured_s);
     }
@@ -274,27 +277,37 @@ mod tests {
         assert_eq!(c.split_interference("e", 0.25), 0.25);
         assert_eq!(c.split_state("e", 0.25), (0.25, 0));
         // Planned with the prior 0.25; took 1.6 × its prediction: the legs slowed each other 2×.
+        // One such split leaves the prior in the median; a second outvotes it.
+        c.observe_split("e", 0.25, 0.25, 1.0, 1.6);
+        assert!((c.split_interference("e", 0.25) - 0.25).abs() < 1e-12);
+        assert_eq!(c.split_state("e", 0.25).1, 1);
         c.observe_split("e", 0.25, 0.25, 1.0, 1.6);
         assert!((c.split_interference("e", 0.25) - 1.0).abs() < 1e-12);
         assert_eq!(c.split_interference("other", 0.0), 0.0, "per engine");
         c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
         assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
-        assert_eq!(c.split_state("e", 9.0).1, 1);
+        assert_eq!(c.split_state("e", 9.0).1, 2);
     }
 
     #[test]
     fn hedge_interference_is_the_prior_then_the_splits_then_its_own_hedges() {
         let c = Calibrations::default();
         assert_eq!(c.hedge_state("e", 0.1), (0.1, 0));
-        // A split measured 1.5× slowdown: hedges borrow it before any hedge ran.
-        c.observe_split("e", 0.0, 0.0, 1.0, 1.5);
+        // Splits measured a 1.5× slowdown: hedges borrow it before any hedge ran.
+        for _ in 0..2 {
+            c.observe_split("e", 0.0, 0.0, 1.0, 1.5);
+        }
         assert!((c.hedge_interference("e", 0.1) - 0.5).abs() < 1e-12);
         assert_eq!(c.hedge_state("e", 0.1).1, 0, "borrowed, not measured");
         assert_eq!(c.hedge_interference("other", 0.1), 0.1, "per engine");
-        // A hedge priced with 0.5 whose winner took 2/1.5 of the expected race: 1 + i = 2.
-        c.observe_hedge("e", 0.1, 0.5, 1.5, 2.0);
-        assert!((c.hedge_interference("e", 0.1) - 1.0).abs() < 1e-12);
+        // A hedge priced with 0.5 whose winner took 2/1.5 of the expected race: 1 + i = 2. Its
+        // own calibration is anchored on the 0.5 the race was priced with, so the first race
+        // leaves 0.5 in force and the second moves it.
+        c.observe_hedge("e", 0.5, 0.5, 1.5, 2.0);
+        assert!((c.hedge_interference("e", 0.1) - 0.5).abs() < 1e-12);
         assert_eq!(c.hedge_state("e", 0.1).1, 1);
+        c.observe_hedge("e", 0.5, 0.5, 1.5, 2.0);
+        assert!((c.hedge_interference("e", 0.1) - 1.0).abs() < 1e-12);
         // The split's own estimate is untouched by hedges.
         assert!((c.split_interference("e", 0.0) - 0.5).abs() < 1e-12);
         // A hedge faster than priced says "none", never a negative slowdown.

@@ -255,9 +255,11 @@ async fn hedge(
         && shared.config.policy.calibrate
         && let Some(h) = plan.hedge.filter(|h| h.expected_s > 0.0)
     {
+        // Anchored, until its samples outvote it, on what this race was priced with (the
+        // split's estimate or the configured prior before the engine's first hedge).
         shared.calib.observe_hedge(
             &p.engine.engine_id,
-            shared.config.policy.hedge_interference,
+            p.hedge_policy.fetch_interference,
             p.hedge_policy.fetch_interference,
             h.expected_s,
             usable_s,
