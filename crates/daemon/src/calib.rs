@@ -132,7 +132,7 @@ impl Calibrations {
     /// `engine_id`'s seconds per byte to load fetched blocks into its pool (0 before its first
     /// load of at least [`kvferry_model::calibration::load::MIN_LOAD_BYTES`]).
     pub fn load_s_per_byte(&self, engine_id: &str) -> f64 {
-        self.load.locked().get(engine_id).and_then(LoadCalibration::s_per_byte).unwrap_or(0.0)
+        self.load_state(engine_id).0
     }
 
     /// `engine_id`'s load rate and the loads it was learnt from (`(0, 0)` before the first).
