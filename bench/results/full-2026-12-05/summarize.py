@@ -111,7 +111,21 @@ def bands() -> None:
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
-for f in (transfers, baselines, decisions, bands, splits, split_scope):
+def calibrated_error() -> None:
+    """Issue 13's second target: median |measured / predicted - 1| of each action at the
+    decision points whose calibration had at least 10 samples."""
+    print("| run | fetch: median \\|meas ÷ pred − 1\\| after 10+ samples (points) | recompute: the same (points) |")
+    print("|---|---|---|")
+    for n, r in reports:
+        cells = []
+        for a in ("fetch", "recompute"):
+            e = [abs(d[f"measured_{a}_s"] / d[f"predicted_{a}_s"] - 1) for d in r["decisions"]
+                 if d.get(f"{a}_samples", 0) >= 10 and d.get(f"measured_{a}_s") and d.get(f"predicted_{a}_s")]
+            cells.append(f"{100 * statistics.median(e):.1f} % ({len(e)})" if e else "—")
+        print(f"| {n} | " + " | ".join(cells) + " |")
+
+
+for f in (transfers, baselines, decisions, bands, calibrated_error, splits, split_scope):
     f()
     print()
 sys.exit(0)
