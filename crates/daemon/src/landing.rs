@@ -198,9 +198,13 @@ impl LandingZone {
     /// of that length if the zone has one, else fresh memory (after dropping spares of other
     /// lengths that would take the zone over its capacity).
     pub fn buffer(&self, len: usize) -> Vec<u8> {
-        let mut b = self.buffer_to_fill(len);
-        b.fill(0);
-        b
+        match self.take_spare(len) {
+            Some(mut b) => {
+                b.fill(0);
+                b
+            }
+            None => vec![0; len],
+        }
     }
 
     /// [`LandingZone::buffer`] for a caller that overwrites every byte before the buffer can
@@ -208,20 +212,24 @@ impl LandingZone {
     /// it landed): a spare comes back with an earlier block's bytes instead of zeroed (zeroing
     /// it was a memset of every byte a fetch lands). Fresh memory is zeroed.
     pub fn buffer_to_fill(&self, len: usize) -> Vec<u8> {
-        let spare = {
-            let mut g = self.lock();
-            match g.spares.get_mut(&len).and_then(Vec::pop) {
-                Some(b) => {
-                    g.spare -= len as u64;
-                    Some(b)
-                }
-                None => {
-                    trim(&mut g, self.capacity);
-                    None
-                }
+        self.take_spare(len).unwrap_or_else(|| vec![0; len])
+    }
+
+    /// A spare of `len` bytes as it was given back; `None` (after dropping spares of other
+    /// lengths that would take the zone over its capacity with a fresh buffer) when there is
+    /// none. Fresh memory comes zeroed from the allocator, so neither caller zeroes it again.
+    fn take_spare(&self, len: usize) -> Option<Vec<u8>> {
+        let mut g = self.lock();
+        match g.spares.get_mut(&len).and_then(Vec::pop) {
+            Some(b) => {
+                g.spare -= len as u64;
+                Some(b)
             }
-        };
-        spare.unwrap_or_else(|| vec![0; len])
+            None => {
+                trim(&mut g, self.capacity);
+                None
+            }
+        }
     }
 
     /// Takes back a buffer a fetch no longer needs (it failed, or was cancelled).
