@@ -3,16 +3,17 @@
 came in a round trip late, against the chance that one of its packets was lost, and what the
 calibrated prediction said.
 
-Usage: python3 analyze.py [extra report.json ...]   (from the repository root)
+Usage: [PROFILE=name] python3 analyze.py [extra report.json ...]   (from the repository root)
 Reads bench/results/*/run*/report.json and bench/results/*/report.json.
 """
 import glob
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
 
-PROFILE = "1gbit-50ms-loss0.1"
+PROFILE = os.environ.get("PROFILE", "1gbit-50ms-loss0.1")
 PAYLOAD = 1410  # QUIC payload bytes per 1,500-byte datagram (bench/results/cpu-profile-2026-12-06)
 KIB_PER_TOKEN = 64
 MAX_TOKENS = 160
