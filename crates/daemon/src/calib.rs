@@ -272,6 +272,41 @@ mod tests {
     }
 
     #[test]
+    fn a_lossy_peer_gets_a_tail_that_get_links_exports() {
+        // Short fetches on a 1 Gbit/s × 50 ms path, every third a round trip late (a lost
+        // packet), every other on time: the calibration learns a tail, prices the next fetch
+        // as the mixture, and its wire form carries the figures.
+        let c = Calibrations::default();
+        let fig = figures(1.0, 0.05);
+        for k in 0..30u64 {
+            let bytes = (1 + k % 4) << 20;
+            let on_time = 0.05 + bytes as f64 * 8e-9;
+            let seconds = on_time * (1.0 + 0.01 * ((k % 5) as f64 - 2.0)) + if k % 3 == 0 { 0.05 } else { 0.0 };
+            c.observe_fetch("b", &fig, FetchObservation { wire_bytes: bytes, seconds, rtt_s: 0.05 });
+        }
+        let e = c.fetch_estimate("b", 0.05).unwrap();
+        let tail = e.tail.unwrap();
+        assert!(tail.hazard_per_packet > 0.0 && (tail.delay_rtts - 1.0).abs() < 0.1, "{e:?}");
+        assert!((e.fixed_rtts.unwrap() - 1.0).abs() < 0.15, "the fixed cost is the on-time one: {e:?}");
+        let p = c.fetch("b", &fig).unwrap().predict(2 << 20, 0.05).unwrap();
+        assert!(p.tail_probability > 0.1 && p.tail_probability < 0.6 && p.tail_delay_s > 0.04, "{p:?}");
+        let l = crate::plan::with_calibration(kvferry_proto::v1::LinkState::default(), &e);
+        assert_eq!((l.late_hazard_per_packet, l.late_delay_rtts), (tail.hazard_per_packet, tail.delay_rtts));
+        assert!(l.late_fraction > 0.2 && l.late_fraction < 0.5, "{l:?}");
+        // A peer whose fetches are all on time exports no tail.
+        for k in 0..30u64 {
+            let bytes = (1 + k % 4) << 20;
+            let seconds = (0.05 + bytes as f64 * 8e-9) * (1.0 + 0.01 * ((k % 5) as f64 - 2.0));
+            c.observe_fetch("c", &fig, FetchObservation { wire_bytes: bytes, seconds, rtt_s: 0.05 });
+        }
+        let l = crate::plan::with_calibration(
+            kvferry_proto::v1::LinkState::default(),
+            &c.fetch_estimate("c", 0.05).unwrap(),
+        );
+        assert_eq!((l.late_hazard_per_packet, l.late_delay_rtts, l.late_fraction), (0.0, 0.0, 0.0));
+    }
+
+    #[test]
     fn split_interference_is_the_prior_until_a_split_of_that_engine_then_measured() {
         let c = Calibrations::default();
         assert_eq!(c.split_interference("e", 0.25), 0.25);

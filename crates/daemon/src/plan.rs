@@ -596,6 +596,7 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         compute_utilization,
         recompute_correction: None,
         load_s_per_byte: p.load_s_per_byte,
+        fetch_tail: kvferry_model::FetchTail::NONE,
     };
     kvferry_model::calibrated(
         &m,
@@ -786,6 +787,11 @@ pub fn with_calibration(mut l: LinkState, e: &kvferry_model::calibration::FetchE
     l.calibrated_goodput_gbps = e.goodput_gbps.unwrap_or(0.0);
     l.per_byte_relative_sd = if e.per_byte_s > 0.0 { e.per_byte_sd_s / e.per_byte_s } else { 0.0 };
     l.fetch_noise = e.noise;
+    if let Some(t) = e.tail.filter(|t| t.hazard_per_packet > 0.0) {
+        l.late_hazard_per_packet = t.hazard_per_packet;
+        l.late_delay_rtts = t.delay_rtts;
+        l.late_fraction = t.late_fraction;
+    }
     l.calibration_samples = e.samples.min(u64::from(u32::MAX)) as u32;
     l
 }

@@ -54,7 +54,7 @@ impl Scenario {
         KvFootprint::new(self.kv.shape, self.kv.element_bytes)?;
         let c = &self.compute;
         ComputeModel::new(c.active_params, c.peak_flops, c.mfu, c.attention)?;
-        LinkModel::new(self.link.goodput_gbps, self.link.rtt_s, self.link.wire_ratio)?;
+        self.link.validate()?;
         count("prefix_tokens", self.prefix_tokens)?;
         non_negative("load_s_per_byte", self.load_s_per_byte)?;
         if let Some(q) = &self.queues {

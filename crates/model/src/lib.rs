@@ -47,7 +47,7 @@ pub use decision::{
 };
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
-pub use link::LinkModel;
+pub use link::{FetchTail, LinkModel};
 pub use migration::{
     MigrationAction, MigrationPlan, PlanError, PlanReason, consider_hedge, plan_hedge, plan_migration,
 };

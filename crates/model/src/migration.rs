@@ -14,7 +14,7 @@ use crate::compute::{ComputeModel, SizeCorrection};
 use crate::decision::{Action, Decision, Mode, Policy, Queues, Reason, Scenario, decide};
 use crate::error::ModelError;
 use crate::kv::KvFootprint;
-use crate::link::LinkModel;
+use crate::link::{FetchTail, LinkModel};
 use crate::queue::QueueState;
 
 /// The action a migration executes.
@@ -105,6 +105,9 @@ pub struct Measured {
     /// The target engine's seconds per KV byte to load fetched blocks into its pool
     /// ([`Scenario::load_s_per_byte`]); 0 until measured.
     pub load_s_per_byte: f64,
+    /// The link's calibrated loss tail ([`crate::calibrated`]); [`FetchTail::NONE`] until
+    /// a fetch from it came in late.
+    pub fetch_tail: FetchTail,
 }
 
 /// Why a plan is what it is.
@@ -260,7 +263,9 @@ pub fn plan_migration(
     let compute = ComputeModel::from_measured(m.linear_s_per_token, m.attention_s_per_pair)
         .map_err(PlanError::Profile)?
         .with_correction(m.recompute_correction);
-    let link = LinkModel::new(m.goodput_bps / 1e9, m.rtt_s, 1.0).map_err(PlanError::Link)?;
+    let link = LinkModel::new(m.goodput_bps / 1e9, m.rtt_s, 1.0)
+        .and_then(|l| l.with_tail(m.fetch_tail))
+        .map_err(PlanError::Link)?;
     let fetch_tokens = (held - local) * bs;
     let (fetch_rho, compute_rho) = (m.fetch_utilization, m.compute_utilization);
     let queues = (fetch_rho > 0.0 || compute_rho > 0.0).then(|| {
@@ -393,6 +398,7 @@ mod tests {
             compute_utilization: 0.0,
             recompute_correction: None,
             load_s_per_byte: 0.0,
+            fetch_tail: FetchTail::NONE,
         }
     }
 
@@ -401,7 +407,7 @@ mod tests {
     }
 
     fn wide(seconds: f64) -> crate::Prediction {
-        crate::Prediction { seconds, std_error_s: 0.5 * seconds, noise_s: 0.2 * seconds, samples: 1 }
+        crate::Prediction::gaussian(seconds, 0.5 * seconds, 0.2 * seconds, 1)
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! [`crate::plan_migration`] makes for the chosen source). A holder with no usable link
 //! (goodput not positive, a figure not finite) is priced at infinity and ranked last.
 
-use crate::link::LinkModel;
+use crate::link::{FetchTail, LinkModel};
 
 /// One region's answer to "what do you hold of this prefix", with its link figures.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -52,7 +52,8 @@ pub fn ready_seconds(o: &HolderOffer, p: &SourcePricing) -> f64 {
     if !(goodput.is_finite() && goodput > 0.0 && o.rtt_s.is_finite() && o.rtt_s >= 0.0) {
         return f64::INFINITY;
     }
-    let link = LinkModel { goodput_gbps: goodput / 1e9, rtt_s: o.rtt_s, wire_ratio: 1.0 };
+    let link =
+        LinkModel { goodput_gbps: goodput / 1e9, rtt_s: o.rtt_s, wire_ratio: 1.0, tail: FetchTail::NONE };
     link.fetch_seconds(fetched, p.bytes_per_block) + recompute
 }
 

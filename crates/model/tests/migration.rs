@@ -25,6 +25,7 @@ fn measured(goodput_bps: f64, rtt_s: f64) -> Measured {
         compute_utilization: 0.0,
         recompute_correction: None,
         load_s_per_byte: 0.0,
+        fetch_tail: kvferry_model::FetchTail::NONE,
     }
 }
 
@@ -183,6 +184,7 @@ fn arb_measured() -> impl Strategy<Value = Measured> {
             compute_utilization: cr,
             recompute_correction: None,
             load_s_per_byte: 0.0,
+            fetch_tail: kvferry_model::FetchTail::NONE,
         })
 }
 

@@ -201,7 +201,7 @@ impl<const D: usize> RobustFit<D> {
         let samples = self.accepted;
         let Some(x) = x else { return Prediction { samples, ..Prediction::exact(0.0) } };
         let seconds = self.mean_at(x);
-        Prediction { seconds, std_error_s: self.std_error_at(x), noise_s: self.noise * seconds, samples }
+        Prediction::gaussian(seconds, self.std_error_at(x), self.noise * seconds, samples)
     }
 
     fn refit(&mut self) {

@@ -20,6 +20,13 @@
 //! The recompute it starts is wasted when the fetch wins; it ran until then:
 //! `E[X · 1{X < Y}] = E X · Φ(α) − (Var X / θ) · φ(α)` target-compute seconds.
 //!
+//! A fetch with a loss tail ([`Prediction::tail_probability`] `q`) is a two-point mixture of
+//! Gaussians, on time or one delay later; every expectation above is linear in the mixture's
+//! weights, so the race is `(1 − q)·race(on time) + q·race(late)`. Its band for the overlap test
+//! is the mixture's sd ([`Prediction::sd_s`]), which includes the two values' spread: a short
+//! fetch on a lossy path is a near-tie whose outcomes lie a round trip apart, exactly where a
+//! hedge pays.
+//!
 //! [`hedge`] hedges only when (1) the policy allows it, (2) the two bands `μ ± z·σ` overlap —
 //! the crossover lies inside the uncertainty — (3) the hedge's expected time beats the better
 //! pure action's by at least the policy's minimum gain — relative, and absolute: a hedge has
@@ -194,9 +201,9 @@ pub fn hedge(
     let (mf, sf) = (fetch.seconds, fetch.sd_s());
     let (mr, sr) = (recompute.seconds, recompute.sd_s());
     let (pure, best_pure_s) = if mf < mr { (HedgeChoice::Fetch, mf) } else { (HedgeChoice::Recompute, mr) };
-    let race = Race::new(
-        (1.0 + policy.fetch_interference) * mf,
-        (1.0 + policy.fetch_interference) * sf,
+    let race = Race::mixture(
+        fetch,
+        1.0 + policy.fetch_interference,
         (1.0 + policy.recompute_interference) * mr,
         (1.0 + policy.recompute_interference) * sr,
     );
@@ -249,6 +256,12 @@ fn validate(p: &Prediction, what: &'static str) -> Result<(), ModelError> {
     non_negative(field("seconds"), p.seconds)?;
     non_negative(field("std_error_s"), p.std_error_s)?;
     non_negative(field("noise_s"), p.noise_s)?;
+    let tail = if what == "fetch" { "fetch.tail_delay_s" } else { "recompute.tail_delay_s" };
+    non_negative(tail, p.tail_delay_s)?;
+    let q = if what == "fetch" { "fetch.tail_probability" } else { "recompute.tail_probability" };
+    if non_negative(q, p.tail_probability)? > 1.0 {
+        return Err(ModelError::FractionOutOfRange { field: q, value: p.tail_probability });
+    }
     Ok(())
 }
 
@@ -264,6 +277,24 @@ struct Race {
 }
 
 impl Race {
+    /// The fetch `x` (a Gaussian, or a two-point mixture of them when it has a tail), slowed
+    /// by `gx`, racing a Gaussian Y: the races of the two branches, weighted.
+    fn mixture(x: &Prediction, gx: f64, my: f64, sy: f64) -> Self {
+        let q = x.tail_probability;
+        if q <= 0.0 || x.tail_delay_s <= 0.0 {
+            return Self::new(gx * x.seconds, gx * x.sd_s(), my, sy);
+        }
+        let (on, sb) = (gx * x.on_time_s(), gx * x.branch_sd_s());
+        let early = Self::new(on, sb, my, sy);
+        let late = Self::new(on + gx * x.tail_delay_s, sb, my, sy);
+        let mix = |a: f64, b: f64| (1.0 - q) * a + q * b;
+        Self {
+            expected_min: mix(early.expected_min, late.expected_min).min(gx * x.seconds).min(my).max(0.0),
+            p_first_wins: mix(early.p_first_wins, late.p_first_wins),
+            first_wins_time: mix(early.first_wins_time, late.first_wins_time),
+        }
+    }
+
     fn new(mx: f64, sx: f64, my: f64, sy: f64) -> Self {
         let theta = sx.hypot(sy);
         // Inputs are validated finite, so θ is finite or +∞ (overflow), never NaN.
@@ -329,7 +360,7 @@ mod tests {
     use super::*;
 
     fn pred(seconds: f64, sd: f64) -> Prediction {
-        Prediction { seconds, std_error_s: sd, noise_s: 0.0, samples: 3 }
+        Prediction::gaussian(seconds, sd, 0.0, 3)
     }
 
     fn allowed() -> HedgePolicy {
@@ -423,5 +454,60 @@ mod tests {
         assert!(hedge(&pred(1.0, 0.1), &pred(1.0, 0.1), &bad).is_err());
         let huge = hedge(&pred(1e300, 1e300), &pred(1e300, 1e300), &allowed()).unwrap();
         assert!(huge.expected_s.is_finite());
+    }
+
+    /// A fetch a round trip late with probability `q`: on time `on`, late `on + d`.
+    fn tailed(on: f64, sd: f64, q: f64, d: f64) -> Prediction {
+        Prediction { seconds: on + q * d, tail_probability: q, tail_delay_s: d, ..pred(on, sd) }
+    }
+
+    #[test]
+    fn a_tailed_fetch_races_as_its_two_branches() {
+        // Monte Carlo of min(X, Y) with X the mixture: within 1 ms of the closed form.
+        let (f, r) = (tailed(0.065, 0.004, 0.5, 0.05), pred(0.09, 0.003));
+        let d = hedge(&f, &r, &allowed()).unwrap();
+        let mut seed = 11_u64;
+        let mut uniform = || {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((seed >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let n = 200_000;
+        let (mut sum, mut wins) = (0.0, 0.0);
+        for _ in 0..n {
+            let z = |u: f64, v: f64| (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
+            let late = uniform() < 0.5;
+            let x = 0.065 + if late { 0.05 } else { 0.0 } + 0.004 * z(uniform(), uniform());
+            let y = 0.09 + 0.003 * z(uniform(), uniform());
+            sum += x.min(y);
+            wins += f64::from(u8::from(x < y));
+        }
+        assert!((d.hedge_s - sum / f64::from(n)).abs() < 1e-3, "{} vs {}", d.hedge_s, sum / f64::from(n));
+        assert!((d.p_fetch_wins - wins / f64::from(n)).abs() < 0.01);
+        // A 12.5 ms expected gain over either pure action (both 90 ms): hedged.
+        assert_eq!(d.choice, HedgeChoice::Hedge, "{d:?}");
+        assert!(d.expected_s < f.seconds.min(r.seconds));
+    }
+
+    #[test]
+    fn a_fetch_almost_surely_late_is_not_hedged_and_loses_to_recompute() {
+        // The lossy miss of 2026-12-06: on time 85 ms, late by 50 ms with p 0.95, against a
+        // 106 ms recompute. The mixture's mean (132.5 ms) picks the recompute; a hedge would
+        // gain under a millisecond (the fetch wins only in its rare on-time branch).
+        let d = hedge(&tailed(0.085, 0.003, 0.95, 0.05), &pred(0.106, 0.003), &allowed()).unwrap();
+        assert_eq!(d.choice, HedgeChoice::Recompute, "{d:?}");
+        assert!(d.fetch_s > 0.13 && d.recompute_s - d.hedge_s < 0.002, "{d:?}");
+        // No tail: exactly the Gaussian race.
+        let plain = hedge(&pred(0.1, 0.01), &pred(0.1, 0.01), &allowed()).unwrap();
+        let zero = Prediction { tail_delay_s: 0.05, ..pred(0.1, 0.01) };
+        assert_eq!(hedge(&zero, &pred(0.1, 0.01), &allowed()).unwrap(), plain);
+        // The mixture is never slower in expectation than either pure action.
+        for q in [0.0, 0.1, 0.5, 0.9, 1.0] {
+            for mr in [0.05, 0.08, 0.1, 0.15] {
+                let d = hedge(&tailed(0.07, 0.005, q, 0.05), &pred(mr, 0.004), &allowed()).unwrap();
+                assert!(d.hedge_s <= d.fetch_s.min(d.recompute_s) + 1e-12, "{q} {mr}: {d:?}");
+            }
+        }
+        let broken = Prediction { tail_probability: 1.5, ..pred(0.1, 0.01) };
+        assert!(hedge(&broken, &pred(0.1, 0.01), &allowed()).is_err());
     }
 }

@@ -78,6 +78,7 @@ pub mod hedge;
 pub mod interference;
 pub mod load;
 pub mod recompute;
+pub mod tail;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -91,6 +92,7 @@ pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
 pub use interference::InterferenceCalibration;
 pub use load::LoadCalibration;
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
+pub use tail::{TailCalibration, TailEstimate};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
 /// unit error, not a measurement.
@@ -112,9 +114,14 @@ pub enum CalibrationError {
 }
 
 /// A calibrated prediction of one action's seconds, with its uncertainty.
+///
+/// A fetch on a lossy path is a two-point mixture ([`tail`]): on time with probability
+/// `1 − tail_probability`, else `tail_delay_s` later, each branch Gaussian with sd
+/// [`branch_sd_s`](Self::branch_sd_s). Without a tail (a recompute; a lossless path) it is one
+/// Gaussian.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
-    /// Expected seconds.
+    /// Expected seconds (the mixture's mean: the on-time time plus the tail's expectation).
     pub seconds: f64,
     /// Standard error of `seconds` from the fitted coefficients' uncertainty (the prior's
     /// spread with no samples; shrinks toward 0 as samples accumulate).
@@ -123,17 +130,39 @@ pub struct Prediction {
     pub noise_s: f64,
     /// Samples the calibration has accepted so far.
     pub samples: u64,
+    /// Probability of the late branch (a lost packet's extra round trip); 0 without a tail.
+    #[serde(default)]
+    pub tail_probability: f64,
+    /// Seconds the late branch adds.
+    #[serde(default)]
+    pub tail_delay_s: f64,
 }
 
 impl Prediction {
     /// A prediction without uncertainty (an uncalibrated model's number, or "nothing to do").
     pub fn exact(seconds: f64) -> Self {
-        Self { seconds, std_error_s: 0.0, noise_s: 0.0, samples: 0 }
+        Self::gaussian(seconds, 0.0, 0.0, 0)
     }
 
-    /// Sd of one outcome: coefficient uncertainty and noise together.
+    /// A prediction without a tail.
+    pub fn gaussian(seconds: f64, std_error_s: f64, noise_s: f64, samples: u64) -> Self {
+        Self { seconds, std_error_s, noise_s, samples, tail_probability: 0.0, tail_delay_s: 0.0 }
+    }
+
+    /// Sd of one outcome: coefficient uncertainty, noise and the tail's two values together.
     pub fn sd_s(&self) -> f64 {
+        let q = self.tail_probability;
+        (self.branch_sd_s().powi(2) + q * (1.0 - q) * self.tail_delay_s.powi(2)).sqrt()
+    }
+
+    /// Sd of one branch of the mixture (coefficient uncertainty and noise).
+    pub fn branch_sd_s(&self) -> f64 {
         self.std_error_s.hypot(self.noise_s)
+    }
+
+    /// Expected seconds when on time (no tail): `seconds − tail_probability · tail_delay_s`.
+    pub fn on_time_s(&self) -> f64 {
+        (self.seconds - self.tail_probability * self.tail_delay_s).max(0.0)
     }
 
     /// `[seconds − z·sd, seconds + z·sd]`, the lower end clamped at 0.
@@ -155,7 +184,9 @@ impl Prediction {
 /// - **Fetch**, once the link's calibration has samples: the fitted fixed cost replaces the
 ///   one-RTT term (`rtt_s`) and the fitted per-byte cost the goodput, so the model's fetch
 ///   time equals [`FetchCalibration::predict`]'s mean. Without samples the live estimator's
-///   figures stand (the calibration's prior is those same figures).
+///   figures stand (the calibration's prior is those same figures). Its loss tail
+///   ([`FetchCalibration::tail_at`]) is carried in `fetch_tail`, so the model's fetch (and a
+///   split's fetch leg) is charged the expected late round trip too.
 /// - **Recompute**: the calibrated per-token costs at `load` ([`RecomputeCalibration::
 ///   compute_model`]); the fitted fixed cost, which [`ComputeModel`](crate::ComputeModel) has
 ///   no term for, is spread over the prefix's tokens (exact for a full recompute of
@@ -176,6 +207,9 @@ pub fn calibrated(
         let link = f.link_model(m.rtt_s, 1.0)?;
         out.goodput_bps = link.bits_per_second();
         out.rtt_s = link.rtt_s.max(0.0);
+    }
+    if let Some(f) = fetch {
+        out.fetch_tail = f.tail_at(m.rtt_s)?;
     }
     if let Some(r) = recompute {
         let c = r.compute_model(load)?;
@@ -223,11 +257,15 @@ mod tests {
 
     #[test]
     fn bands_and_sd() {
-        let p = Prediction { seconds: 1.0, std_error_s: 0.3, noise_s: 0.4, samples: 2 };
+        let p = Prediction::gaussian(1.0, 0.3, 0.4, 2);
         assert!((p.sd_s() - 0.5).abs() < 1e-15);
         assert_eq!(p.band(1.0), (0.5, 1.5));
         assert_eq!(p.band(3.0).0, 0.0);
         assert_eq!(Prediction::exact(0.0).relative_sd(), 0.0);
+        // A tail adds its Bernoulli variance, q(1 − q)·d², and its mean.
+        let t = Prediction { seconds: 1.0 + 0.25 * 0.8, tail_probability: 0.25, tail_delay_s: 0.8, ..p };
+        assert!((t.sd_s() - (0.25_f64 + 0.25 * 0.75 * 0.64).sqrt()).abs() < 1e-12);
+        assert!((t.on_time_s() - 1.0).abs() < 1e-12 && t.branch_sd_s() == p.sd_s());
     }
 
     #[test]

@@ -240,7 +240,7 @@ class GetLinksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LinkState(_message.Message):
-    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples", "transport_setting", "transport")
+    __slots__ = ("region", "rtt_ms", "goodput_gbps", "age_s", "confidence", "fetch_utilization", "prediction_error", "connected", "samples", "fixed_ms", "fixed_sd_ms", "fixed_rtts", "calibrated_goodput_gbps", "per_byte_relative_sd", "fetch_noise", "calibration_samples", "transport_setting", "transport", "late_hazard_per_packet", "late_delay_rtts", "late_fraction")
     REGION_FIELD_NUMBER: _ClassVar[int]
     RTT_MS_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_GBPS_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,9 @@ class LinkState(_message.Message):
     CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_SETTING_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    LATE_HAZARD_PER_PACKET_FIELD_NUMBER: _ClassVar[int]
+    LATE_DELAY_RTTS_FIELD_NUMBER: _ClassVar[int]
+    LATE_FRACTION_FIELD_NUMBER: _ClassVar[int]
     region: str
     rtt_ms: float
     goodput_gbps: float
@@ -277,7 +280,10 @@ class LinkState(_message.Message):
     calibration_samples: int
     transport_setting: str
     transport: str
-    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., transport_setting: _Optional[str] = ..., transport: _Optional[str] = ...) -> None: ...
+    late_hazard_per_packet: float
+    late_delay_rtts: float
+    late_fraction: float
+    def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., transport_setting: _Optional[str] = ..., transport: _Optional[str] = ..., late_hazard_per_packet: _Optional[float] = ..., late_delay_rtts: _Optional[float] = ..., late_fraction: _Optional[float] = ...) -> None: ...
 
 class EngineCalibration(_message.Message):
     __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor", "split_interference", "split_samples", "hedge_interference", "hedge_samples", "load_s_per_byte", "load_samples")
