@@ -107,6 +107,10 @@ pub struct DecisionPoint {
     pub predicted_fetch_sd_s: f64,
     #[serde(default)]
     pub predicted_recompute_sd_s: f64,
+    /// The probability the daemon gave the fetch of coming in a round trip late (its loss
+    /// tail, `Candidate.late_probability`; 0 without one, or in reports from before it).
+    #[serde(default)]
+    pub predicted_fetch_late_p: f64,
     /// For `chosen == "hedge"`: the hedged migration's measured wall seconds (a conversation of
     /// its own, executed after the pure fetch and recompute were measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -101,6 +101,7 @@ fn decision(link: &LinkSpec, tokens: u64, noise_fetch: f64, noise_recompute: f64
         recompute_samples: 0,
         predicted_fetch_sd_s: 0.0,
         predicted_recompute_sd_s: 0.0,
+        predicted_fetch_late_p: 0.0,
         measured_hedge_s: None,
         hedge_winner: None,
     }

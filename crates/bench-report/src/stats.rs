@@ -266,6 +266,7 @@ mod tests {
             recompute_samples: 0,
             predicted_fetch_sd_s: 0.0,
             predicted_recompute_sd_s: 0.0,
+            predicted_fetch_late_p: 0.0,
             measured_hedge_s: None,
             hedge_winner: None,
         }

@@ -20,6 +20,9 @@ use crate::session::{self, Allow};
 
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
+/// The short fetches, in tokens, each profile's decision sweep begins after (not scored): as
+/// many as the loss tail needs before it believes two modes, sizes across a BDP.
+const WARM_SHORT_FETCHES: [u64; 8] = [16, 32, 16, 48, 16, 64, 32, 96];
 
 /// The daemons' congestion controller for a profile: one for every profile, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -843,6 +846,34 @@ async fn decisions(
             "  warm-up (not scored): fetch {:.3} s + engine load {load_s:.3} s, recompute {:.3} s of {n} tokens (router's walls {:.3} / {:.3} s)",
             f.receipt.wall_s, r.receipt.wall_s, f.router_s, r.router_s
         );
+    }
+    // Short fetches, not scored: a daemon in service has fetched many short prefixes from its
+    // peers before any one decision, and the link's loss tail (`calibration::tail`) is learnt
+    // only from such fetches — whether each came in on time or a round trip late. Without them
+    // the sweep's first points are decided from two or three, the coin flips of a lossy path
+    // taken as its cost (`bench/results/lossy-small-fetches-2026-12-06/`).
+    {
+        let mut walls = Vec::with_capacity(WARM_SHORT_FETCHES.len());
+        for &n in &WARM_SHORT_FETCHES {
+            let x = session::prompt(n as usize, seed);
+            seed += 1;
+            let f = session::fill(&mut eng_a, &x).await?;
+            session::wait_for_holdings(&mut mig, &x, f.tokens, Duration::from_secs(60)).await?;
+            let m = session::migrate(
+                &mut mig,
+                &format!("bench-warm-short-{seed}"),
+                &x,
+                PolicyMode::Fetch,
+                Allow::PURE,
+            )
+            .await?;
+            if m.receipt.kind() != Action::Fetch || !m.receipt.fallback.is_empty() {
+                bail!("warm-up fetch of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
+            }
+            engine_load_s(regions, &mut eng_b, &x).await?;
+            walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+        }
+        println!("  short fetches (calibration, not scored), tokens: s — {}", walls.join(", "));
     }
     for &n in &lengths {
         // Three conversations of the same length: one decided then fetched, one recomputed,

@@ -225,6 +225,11 @@ pub fn decision_point(
         recompute_samples: samples(d, "recompute"),
         predicted_fetch_sd_s: sd(d, "fetch"),
         predicted_recompute_sd_s: sd(d, "recompute"),
+        predicted_fetch_late_p: d
+            .candidates
+            .iter()
+            .find(|c| c.action == "fetch")
+            .map_or(0.0, |c| c.late_probability),
         measured_hedge_s: None,
         hedge_winner: None,
     }
@@ -294,6 +299,7 @@ mod tests {
             recompute_samples: 3,
             predicted_fetch_sd_s: 0.0,
             predicted_recompute_sd_s: 0.0,
+            predicted_fetch_late_p: 0.0,
             measured_hedge_s: hedge.map(|h| h.0),
             hedge_winner: hedge.map(|h| h.1.to_owned()),
         }

@@ -90,6 +90,17 @@ impl Calibrations {
         }
     }
 
+    /// Learns from a split's fetch leg from `region`: only whether it came in late (its loss
+    /// tail); its time ran beside the prefill and stays out of the fetch fit.
+    pub fn observe_fetch_leg(&self, region: &str, fig: &Figures, obs: FetchObservation) {
+        if self.fetch(region, fig).is_none() {
+            return;
+        }
+        if let Some(c) = self.fetch.locked().get_mut(region) {
+            log_refused("fetch leg", region, c.observe_tail_only(obs));
+        }
+    }
+
     /// `engine_id`'s recompute calibration against the profile it reports now (rebased when
     /// the profile changed). `None` when the profile is no valid compute model.
     pub fn recompute(&self, engine_id: &str, profile: Profile) -> Option<RecomputeCalibration> {
@@ -281,7 +292,8 @@ mod tests {
         for k in 0..30u64 {
             let bytes = (1 + k % 4) << 20;
             let on_time = 0.05 + bytes as f64 * 8e-9;
-            let seconds = on_time * (1.0 + 0.01 * ((k % 5) as f64 - 2.0)) + if k % 3 == 0 { 0.05 } else { 0.0 };
+            let seconds =
+                on_time * (1.0 + 0.01 * ((k % 5) as f64 - 2.0)) + if k % 3 == 0 { 0.05 } else { 0.0 };
             c.observe_fetch("b", &fig, FetchObservation { wire_bytes: bytes, seconds, rtt_s: 0.05 });
         }
         let e = c.fetch_estimate("b", 0.05).unwrap();

@@ -229,9 +229,8 @@ async fn hedge(
     // Both legs run at once, so neither time is what the action costs alone: the winner's
     // measurement is not fed to the fetch or recompute calibration (on a shared host the
     // other leg slowed it; fed as a pure sample it would skew the next predictions).
-    let fetch_leg = fetch(
-        FetchJob::alone(shared, p, events, &src, 0..plan.hedge_fetch_end, fetch_need_s(plan)).concurrent(),
-    );
+    let fetch_leg =
+        fetch(FetchJob::alone(shared, p, events, &src, 0..plan.hedge_fetch_end, fetch_need_s(plan)).racing());
     let recompute_leg = recompute_leg(shared, p, total, Leg::Concurrent);
     tokio::pin!(fetch_leg, recompute_leg);
     receipt.hedged = true;
@@ -550,6 +549,9 @@ struct FetchJob<'a> {
     from: usize,
     end: usize,
     leg: Leg,
+    /// Whether the fetch, run to its end whatever else finished, tells the link's loss tail if
+    /// it was late: alone, or a split's leg; not a hedge's (it is only seen when it wins).
+    tail_event: bool,
     /// Seconds this fetch must be left at least before a fallback reserve applies
     /// ([`fetch_need_s`]).
     need_s: f64,
@@ -565,12 +567,27 @@ impl<'a> FetchJob<'a> {
         blocks: std::ops::Range<usize>,
         need_s: f64,
     ) -> Self {
-        Self { shared, p, events, src, from: blocks.start, end: blocks.end, leg: Leg::Alone, need_s }
+        Self {
+            shared,
+            p,
+            events,
+            src,
+            from: blocks.start,
+            end: blocks.end,
+            leg: Leg::Alone,
+            tail_event: true,
+            need_s,
+        }
     }
 
     /// The same fetch as a split's leg, beside a recompute.
     fn concurrent(self) -> Self {
         Self { leg: Leg::Concurrent, ..self }
+    }
+
+    /// The same fetch as a hedge's leg, racing a recompute.
+    fn racing(self) -> Self {
+        Self { leg: Leg::Concurrent, tail_event: false, ..self }
     }
 }
 
@@ -618,9 +635,10 @@ async fn fetch(job: FetchJob<'_>) -> Result<Fetched, DaemonError> {
 }
 
 /// Fetches `job`'s blocks into the landing zone. A completed fetch's wall time (request to
-/// the last verified block landed) feeds the link's calibration when it ran alone.
+/// the last verified block landed) feeds the link's calibration when it ran alone, and only
+/// its loss tail when it was a split's leg.
 async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
-    let FetchJob { shared, p, events, src, from, end, leg, need_s } = job;
+    let FetchJob { shared, p, events, src, from, end, leg, tail_event, need_s } = job;
     let started = Instant::now();
     let cpu_start = cpu_reading(shared, leg);
     let src = src.to_owned();
@@ -712,7 +730,6 @@ async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
         shared.host_cpu.observe_fetch(&a, &b, r.bytes);
     }
     if shared.config.policy.calibrate
-        && leg == Leg::Alone
         && let Some(fig) = p.figures
     {
         let obs = FetchObservation {
@@ -720,7 +737,12 @@ async fn fetch_now(job: FetchJob<'_>) -> Result<FetchReceipt, DaemonError> {
             seconds: started.elapsed().as_secs_f64(),
             rtt_s: r.rtt.as_secs_f64(),
         };
-        shared.calib.observe_fetch(&src, &fig, obs);
+        match (leg, tail_event) {
+            (Leg::Alone, _) => shared.calib.observe_fetch(&src, &fig, obs),
+            // A split's fetch leg: whether it was late is the link's, its time is shared.
+            (Leg::Concurrent, true) => shared.calib.observe_fetch_leg(&src, &fig, obs),
+            (Leg::Concurrent, false) => {}
+        }
     }
     Ok(r)
 }

@@ -710,6 +710,8 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Predi
         kind: action_to_proto(a).into(),
         sd_s: band.map_or(0.0, |b| b.sd_s()),
         calibration_samples: band.map_or(0, |b| b.samples.min(u64::from(u32::MAX)) as u32),
+        late_probability: band.map_or(0.0, |b| b.tail_probability),
+        late_delay_s: band.map_or(0.0, |b| b.tail_delay_s),
     }
 }
 

@@ -139,6 +139,19 @@ impl FetchCalibration {
         Ok(())
     }
 
+    /// Learns from a fetch that ran beside other work (a split's fetch leg): only whether it
+    /// came in late, as one more event of the tail; its time, slowed by what ran beside it,
+    /// stays out of the on-time fit. Refused samples leave the state unchanged.
+    pub fn observe_tail_only(&mut self, obs: FetchObservation) -> Result<(), CalibrationError> {
+        let y = sample_seconds("fetch.seconds", obs.seconds)?;
+        let rtt = sample_non_negative("fetch.rtt_s", obs.rtt_s, MAX_RTT_S)?;
+        let bytes = obs.wire_bytes as f64;
+        if rtt >= tail::MIN_RTT_S && self.fit.mean_at(&[1.0, rtt, bytes]) <= tail::SHORT_RTTS * rtt {
+            self.tail.observe(bytes, rtt, y, &Line(&self.fit));
+        }
+        Ok(())
+    }
+
     /// Predicted seconds to fetch `wire_bytes` at RTT `rtt_s`: the on-time fit's Gaussian and
     /// the tail's late branch. Fetching nothing costs nothing (no request is sent), as in
     /// [`LinkModel::fetch_seconds`].
@@ -309,12 +322,11 @@ mod tests {
             c.observe(FetchObservation { wire_bytes: 0, seconds: 0.1, rtt_s: 0.05 }).unwrap();
             c.observe(FetchObservation { wire_bytes: 64 << 20, seconds: 0.7, rtt_s: 0.05 }).unwrap();
         }
-        // Two RTTs where the prior says one: every zero-byte fetch a round trip "late", so the
-        // on-time line keeps one RTT and the tail (certain at any size) the other.
+        // Two RTTs where the prior says one, every time: one mode, so no tail, and the fixed
+        // cost is learnt.
         let e = c.estimate(0.05).unwrap();
-        let tail = c.tail_at(0.05).unwrap();
-        assert!((e.fixed_s + tail.expected_delay_s(1.0) - 0.1).abs() < 0.003, "{e:?}");
-        assert!((c.predict(1, 0.05).unwrap().seconds - 0.1).abs() < 0.003, "{e:?}");
+        assert_eq!(c.tail_at(0.05).unwrap(), FetchTail::NONE);
+        assert!((e.fixed_s - 0.1).abs() < 0.002, "{e:?}");
         assert!((e.per_byte_s * f64::from(64u32 << 20) - 0.6).abs() < 0.01, "{e:?}");
         let p = c.predict(64 << 20, 0.05).unwrap();
         assert!(p.seconds.is_finite() && p.sd_s().is_finite() && (p.seconds - 0.7).abs() < 0.01);

@@ -57,7 +57,7 @@ const WINDOW: usize = 128;
 /// The fewest events, and the least weight in each mode, before two modes are believed (two
 /// fetches a round trip apart are as likely noise).
 const MIN_EVENTS: usize = 8;
-const MIN_MODE_WEIGHT: f64 = 2.0;
+const MIN_MODE_WEIGHT: f64 = 1.0;
 /// Weight ratio between consecutive events: an effective memory of ~65 fetches, slower than
 /// the time fit's (a loss rate is a property of the path; each event is one coin flip).
 const FORGETTING: f64 = 0.97;

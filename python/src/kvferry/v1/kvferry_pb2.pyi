@@ -112,7 +112,7 @@ class Holding(_message.Message):
     def __init__(self, region: _Optional[str] = ..., tokens: _Optional[int] = ..., reachable: _Optional[bool] = ..., predicted_s: _Optional[float] = ..., note: _Optional[str] = ...) -> None: ...
 
 class Candidate(_message.Message):
-    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind", "sd_s", "calibration_samples")
+    __slots__ = ("action", "seconds", "gpu_seconds", "wire_bytes", "feasible", "kind", "sd_s", "calibration_samples", "late_probability", "late_delay_s")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     GPU_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -121,6 +121,8 @@ class Candidate(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     SD_S_FIELD_NUMBER: _ClassVar[int]
     CALIBRATION_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    LATE_PROBABILITY_FIELD_NUMBER: _ClassVar[int]
+    LATE_DELAY_S_FIELD_NUMBER: _ClassVar[int]
     action: str
     seconds: float
     gpu_seconds: float
@@ -129,7 +131,9 @@ class Candidate(_message.Message):
     kind: Action
     sd_s: float
     calibration_samples: int
-    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ...) -> None: ...
+    late_probability: float
+    late_delay_s: float
+    def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., late_probability: _Optional[float] = ..., late_delay_s: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
     __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins", "holdings", "load_s_per_token")
