@@ -176,6 +176,18 @@ impl SplitPoint {
     }
 }
 
+/// A split the daemon declined as unpredictable, and what it did instead.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeclinedSplit {
+    pub link: LinkSpec,
+    pub prefix_tokens: u64,
+    /// The action taken instead (`fetch` or `recompute`) and its measured seconds.
+    pub action: String,
+    pub measured_s: f64,
+    /// The decision's reason, which carries the declined split's numbers.
+    pub reason: String,
+}
+
 /// One leg of a split: its measured and its predicted seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Leg {
@@ -220,6 +232,10 @@ pub struct BenchReport {
     /// Per profile and overall (`profile == "all"`).
     pub decision_summary: Vec<DecisionSummary>,
     pub splits: Vec<SplitPoint>,
+    /// Prefixes where the daemon, allowed to split, declined a split that was faster in
+    /// expectation because its time was a coin flip (absent in reports from before 2026-12-06).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub declined_splits: Vec<DeclinedSplit>,
     /// Targets missed and what limits them, and anything else worth reading.
     pub notes: Vec<String>,
     /// One core's ceilings measured at the start of the run (absent in older reports).

@@ -170,6 +170,7 @@ pub fn sample_report() -> BenchReport {
         decisions,
         decision_summary,
         splits,
+        declined_splits: vec![],
         notes: vec![
             "10gbit-10ms: goodput 78 % of the link rate, short of the 90 % target; the source \
              daemon's checksum loop is CPU-bound on 2 cores"

@@ -123,6 +123,18 @@ pub fn target_notes(r: &BenchReport) -> Vec<String> {
             out.push(format!("  split outside 15%: {}", split_miss(sp)));
         }
     }
+    if !r.declined_splits.is_empty() {
+        out.push(format!(
+            "splits declined as coin flips (faster in expectation, time not predictable within the policy's band): {}",
+            r.declined_splits.len()
+        ));
+        for x in &r.declined_splits {
+            out.push(format!(
+                "  declined: {} {} tokens, {} instead in {:.3} s",
+                x.link.profile, x.prefix_tokens, x.action, x.measured_s
+            ));
+        }
+    }
     out
 }
 

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvferry_bench_report::{
-    BaselinePoint, BenchReport, LinkSpec, SplitPoint, TransferPoint, check, markdown, plots, stats,
-    target_notes,
+    BaselinePoint, BenchReport, DeclinedSplit, LinkSpec, SplitPoint, TransferPoint, check, markdown, plots,
+    stats, target_notes,
 };
 use kvferry_model::LinkModel;
 use kvferry_proto::v1::reference_engine_client::ReferenceEngineClient;
@@ -960,7 +960,20 @@ async fn decisions(
             report.splits.push(s);
             note
         } else {
-            format!("with split allowed: {}", split.receipt.action)
+            if split.decision.reason.contains("split declined") {
+                report.declined_splits.push(DeclinedSplit {
+                    link: link.clone(),
+                    prefix_tokens: n,
+                    action: split.receipt.action.clone(),
+                    measured_s: split.receipt.wall_s + split_load_s,
+                    reason: split.decision.reason.clone(),
+                });
+            }
+            let declined = split.decision.reason.find("; split declined").map_or("", |i| {
+                let rest = &split.decision.reason[i + 2..];
+                &rest[..rest.find("; ").unwrap_or(rest.len())]
+            });
+            format!("with split allowed: {} {declined}", split.receipt.action)
         };
         println!(
             "    {n:>6} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} (load {:.3}) / {:.3}; {split_note}",

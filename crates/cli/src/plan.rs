@@ -351,6 +351,7 @@ impl PlanArgs {
             split_min_gain,
             split_granularity: count("block-size", &self.block_size)?.unwrap_or(defaults.split_granularity),
             split_interference: defaults.split_interference,
+            ..defaults
         };
 
         let scenario = Scenario { kv, compute, link, prefix_tokens, queues, load_s_per_byte: 0.0 };

@@ -479,6 +479,14 @@ pub struct PolicyDefaults {
     /// the host, the engine's prefill and the fetch's CPU at the link's rate, measured here.
     /// Off: only the prior and the executed splits decide.
     pub split_cpu_floor: bool,
+    /// A split is taken only where its time is predictable: within `split_tolerance` (a
+    /// fraction of its expected time) with probability at least `split_min_confidence`. On a
+    /// lossy path a short fetch leg is on time or a round trip late (the calibrated loss
+    /// tail); a split whose gain rides on that coin flip is a gamble the daemon does not commit
+    /// two paths to, and it says so in the decision's reason. `split_min_confidence = 0`: every
+    /// split on expected time alone. Both in [0, 1].
+    pub split_tolerance: f64,
+    pub split_min_confidence: f64,
 }
 
 /// When the daemon hedges.
@@ -596,6 +604,8 @@ impl Default for PolicyDefaults {
             hedge_interference: 0.0,
             split_interference: 0.0,
             split_cpu_floor: true,
+            split_tolerance: 0.15,
+            split_min_confidence: 0.9,
         }
     }
 }
@@ -853,6 +863,12 @@ impl Config {
         if !(0.0..=1.0).contains(&p.split_min_gain) {
             return Err(invalid("policy.split_min_gain", "must be in [0, 1]"));
         }
+        if !(0.0..=1.0).contains(&p.split_tolerance) {
+            return Err(invalid("policy.split_tolerance", "must be in [0, 1]"));
+        }
+        if !(0.0..=1.0).contains(&p.split_min_confidence) {
+            return Err(invalid("policy.split_min_confidence", "must be in [0, 1]"));
+        }
         if !(0.0..=1.0).contains(&p.eviction_hint_pool_use) {
             return Err(invalid("policy.eviction_hint_pool_use", "must be in [0, 1]"));
         }
@@ -1034,6 +1050,8 @@ mod tests {
             ),
             ("[[peers]]\nregion = \"b\"\naddr = \"127.0.0.1:1\"\ntenants = \"t\"", "tenants"),
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
+            ("[policy]\nsplit_tolerance = -0.1", "policy.split_tolerance"),
+            ("[policy]\nsplit_min_confidence = 1.5", "policy.split_min_confidence"),
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_min_gain_ms = -1", "policy.hedge_min_gain_ms"),
             ("[policy]\nhedge_min_gain_ms = nan", "policy.hedge_min_gain_ms"),

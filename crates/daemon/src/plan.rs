@@ -203,6 +203,8 @@ fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Pol
         split_min_gain: shared.config.policy.split_min_gain,
         split_granularity: u64::from(block_size.max(1)),
         split_interference: 0.0, // per engine: set in `prepare_with` once the engine is known
+        split_tolerance: shared.config.policy.split_tolerance,
+        split_min_confidence: shared.config.policy.split_min_confidence,
     }
 }
 
@@ -666,6 +668,25 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
             f.interference, f.other, f.compute, f.fetch, f.cores
         )
     });
+    let declined = plan
+        .model
+        .as_ref()
+        .filter(|_| plan.action != MigrationAction::Split)
+        .and_then(|d| d.split.declined)
+        .map(|x| {
+            format!(
+                "; split declined: {:.1}% faster in expectation ({} recomputed, {:.2} ms) but a coin flip: its fetch leg late with probability {:.2} ({:.2} ms on time, {:.2} late), within {:.0}% with probability {:.2} (needs {:.2})",
+                x.gain * 100.0,
+                x.point.recompute_tokens,
+                x.point.seconds * 1e3,
+                x.point.late_probability,
+                x.point.on_time_seconds * 1e3,
+                x.point.late_seconds * 1e3,
+                p.policy.split_tolerance * 100.0,
+                x.confidence,
+                p.policy.split_min_confidence
+            )
+        });
     Ok(Planned {
         fetch_prediction,
         recompute_prediction,
@@ -673,7 +694,10 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         hedge,
         hedge_fetch_end: holdings.source_blocks as usize,
         action: plan.action,
-        reason: reason(&plan.reason) + floored.as_deref().unwrap_or("") + not_hedged.as_deref().unwrap_or(""),
+        reason: reason(&plan.reason)
+            + floored.as_deref().unwrap_or("")
+            + declined.as_deref().unwrap_or("")
+            + not_hedged.as_deref().unwrap_or(""),
         model: plan.model,
         fetch_from: plan.fetch_from as usize,
         fetch_end: plan.fetch_end as usize,
@@ -756,10 +780,17 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
             feasible: d.split.point.is_real_split(),
         };
         let recompute = kvferry_model::Candidate { wire_bytes: 0.0, feasible: true, ..d.recompute };
+        // The split's two outcomes: its fetch leg on time or late.
+        let pt = d.split.point;
+        let split = Candidate {
+            late_probability: pt.late_probability,
+            late_delay_s: if pt.late_probability > 0.0 { pt.late_seconds - pt.on_time_seconds } else { 0.0 },
+            ..candidate(MigrationAction::Split, split, None)
+        };
         out.candidates = vec![
             candidate(MigrationAction::Fetch, d.fetch, planned.fetch_prediction),
             candidate(MigrationAction::Recompute, recompute, planned.recompute_prediction),
-            candidate(MigrationAction::Split, split, None),
+            split,
         ];
     }
     out

@@ -99,6 +99,19 @@ pub struct Policy {
     /// resources (0: none; the daemon learns it from executed splits).
     #[serde(default)]
     pub split_interference: f64,
+    /// A real split is chosen only if the model predicts its time within this fraction
+    /// ([`crate::split::SplitPoint::confidence`])...
+    #[serde(default = "default_split_tolerance")]
+    pub split_tolerance: f64,
+    /// ...with at least this probability. On a lossy path a short fetch leg is on time or a
+    /// round trip late; a split whose gain rides on that coin is a gamble the daemon does not
+    /// commit two paths to (a hedge is the tool for one). 0 admits every split.
+    #[serde(default)]
+    pub split_min_confidence: f64,
+}
+
+fn default_split_tolerance() -> f64 {
+    0.15
 }
 
 impl Default for Policy {
@@ -111,6 +124,8 @@ impl Default for Policy {
             split_min_gain: 0.05,
             split_granularity: 16,
             split_interference: 0.0,
+            split_tolerance: default_split_tolerance(),
+            split_min_confidence: 0.9,
         }
     }
 }
@@ -127,6 +142,11 @@ impl Policy {
         }
         count("split_granularity", self.split_granularity)?;
         non_negative("split_interference", self.split_interference)?;
+        non_negative("split_tolerance", self.split_tolerance)?;
+        non_negative("split_min_confidence", self.split_min_confidence)?;
+        if self.split_min_confidence > 0.0 {
+            fraction("split_min_confidence", self.split_min_confidence)?;
+        }
         Ok(())
     }
 }
@@ -177,6 +197,21 @@ pub struct SplitCandidate {
     pub wire_bytes: f64,
     /// `1 − split / best feasible pure action` (0 when the split degenerates to a pure action).
     pub gain: f64,
+    /// The split that would have won on expected time but is not predictable enough to take
+    /// (`Policy::split_min_confidence`), where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub declined: Option<DeclinedSplit>,
+}
+
+/// A split left out because its time is a coin flip (see [`Policy::split_min_confidence`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DeclinedSplit {
+    /// The point, with its two outcomes.
+    pub point: SplitPoint,
+    /// Its expected gain over the better pure action.
+    pub gain: f64,
+    /// Probability that its time lands within `Policy::split_tolerance` of its expectation.
+    pub confidence: f64,
 }
 
 /// Why the winner won.
@@ -302,15 +337,34 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
         overhead_s: policy.split_overhead_s,
         interference: policy.split_interference,
         load_s_per_token: load_per_token,
+        tolerance: policy.split_tolerance,
+        min_confidence: policy.split_min_confidence,
     };
     let point = inputs.best();
     let best_pure = if fetch.feasible { fetch.seconds.min(recompute.seconds) } else { recompute.seconds };
-    let gain = if point.is_real_split() { 1.0 - point.seconds / best_pure } else { 0.0 };
+    let gain_of = |pt: &SplitPoint| if pt.is_real_split() { 1.0 - pt.seconds / best_pure } else { 0.0 };
+    let gain = gain_of(&point);
+    // Only a link with a tail has splits the filter can leave out.
+    let declined =
+        (policy.allow_split && policy.split_min_confidence > 0.0 && s.link.tail.hazard_per_packet > 0.0)
+            .then(|| SplitInputs { min_confidence: 0.0, ..inputs }.best())
+            .filter(|free| {
+                free.is_real_split()
+                    && free.seconds < point.seconds
+                    && gain_of(free) >= policy.split_min_gain
+                    && gain_of(free) > gain
+            })
+            .map(|free| DeclinedSplit {
+                point: free,
+                gain: gain_of(&free),
+                confidence: free.confidence(policy.split_tolerance),
+            });
     let split = SplitCandidate {
         point,
         gpu_seconds: s.compute.recompute_seconds(point.recompute_tokens),
         wire_bytes: s.link.wire_bytes(point.fetch_tokens, bpt),
         gain,
+        declined,
     };
 
     let (action, reason) = choose(policy, &fetch, &recompute, &split, best_pure);

@@ -43,11 +43,12 @@ pub use calibration::{
 pub use compute::{AttentionShape, ComputeModel, SizeCorrection};
 pub use crossover::{crossover_tokens, crossover_tokens_with_load, crossover_utilization};
 pub use decision::{
-    Action, Candidate, Decision, Mode, Policy, Queues, Reason, Scenario, SplitCandidate, decide,
+    Action, Candidate, Decision, DeclinedSplit, Mode, Policy, Queues, Reason, Scenario, SplitCandidate,
+    decide,
 };
 pub use error::ModelError;
 pub use kv::{KvDtype, KvFootprint, KvShape};
-pub use link::{FetchTail, LinkModel};
+pub use link::{FetchBranches, FetchTail, LinkModel};
 pub use migration::{
     MigrationAction, MigrationPlan, PlanError, PlanReason, consider_hedge, plan_hedge, plan_migration,
 };

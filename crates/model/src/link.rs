@@ -130,6 +130,30 @@ impl LinkModel {
         let wire_bytes = self.wire_bytes(tokens, bytes_per_token);
         self.rtt_s + wire_bytes * 8.0 / self.bits_per_second() + self.tail.expected_delay_s(wire_bytes)
     }
+
+    /// The two outcomes [`Self::fetch_seconds`] averages: on time, or the tail's delay late,
+    /// and how likely the late one is. Fetching nothing: both 0, never late.
+    pub fn fetch_branches(&self, tokens: u64, bytes_per_token: f64) -> FetchBranches {
+        if tokens == 0 {
+            return FetchBranches::default();
+        }
+        let wire_bytes = self.wire_bytes(tokens, bytes_per_token);
+        let on_time_s = self.rtt_s + wire_bytes * 8.0 / self.bits_per_second();
+        let late_probability = self.tail.late_probability(wire_bytes);
+        let late_s = if late_probability > 0.0 { on_time_s + self.tail.delay_s } else { on_time_s };
+        FetchBranches { on_time_s, late_s, late_probability }
+    }
+}
+
+/// A fetch's two outcomes on a path with a tail ([`LinkModel::fetch_branches`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FetchBranches {
+    /// Seconds when no packet that could delay the end is lost.
+    pub on_time_s: f64,
+    /// Seconds when one is (equal to `on_time_s` where the path has no tail).
+    pub late_s: f64,
+    /// Probability of the late outcome.
+    pub late_probability: f64,
 }
 
 #[cfg(test)]

@@ -48,6 +48,11 @@ pub struct SplitInputs<'a> {
     pub interference: f64,
     /// Seconds per fetched token for the target engine to load it into its pool (≥ 0).
     pub load_s_per_token: f64,
+    /// A real split is a candidate only if its outcome lies within this fraction of its
+    /// expected time ([`SplitPoint::confidence`]) with probability at least `min_confidence`.
+    pub tolerance: f64,
+    /// See `tolerance`; 0 admits every split, however two-valued.
+    pub min_confidence: f64,
 }
 
 /// One evaluated split point.
@@ -59,13 +64,23 @@ pub struct SplitPoint {
     pub fetch_tokens: u64,
     /// Completion time of the compute leg (0 when it is empty).
     pub compute_leg_seconds: f64,
-    /// Completion time of the fetch leg (0 when it is empty).
+    /// Expected completion time of the fetch leg (0 when it is empty).
     pub fetch_leg_seconds: f64,
     /// The target engine's load of the fetched tokens, after both legs (0 when none).
     #[serde(default)]
     pub load_seconds: f64,
-    /// Predicted completion: the slower leg, the load and the overhead of a real split.
+    /// Predicted completion, expected over the fetch leg's two outcomes: the slower leg, the
+    /// load and the overhead of a real split.
     pub seconds: f64,
+    /// Probability that the fetch leg comes in late (the link's tail; 0 without one).
+    #[serde(default)]
+    pub late_probability: f64,
+    /// Completion when the fetch leg is on time, and when it is late (both `seconds` where
+    /// the link has no tail; 0 in points from before they were recorded).
+    #[serde(default)]
+    pub on_time_seconds: f64,
+    #[serde(default)]
+    pub late_seconds: f64,
 }
 
 impl SplitPoint {
@@ -73,69 +88,149 @@ impl SplitPoint {
     pub fn is_real_split(&self) -> bool {
         self.recompute_tokens > 0 && self.fetch_tokens > 0
     }
+
+    /// Probability that the completion lies within `tolerance` (a fraction) of `seconds`: the
+    /// weight of those of the two outcomes that do. 1 where the fetch leg cannot be late.
+    pub fn confidence(&self, tolerance: f64) -> f64 {
+        let q = self.late_probability;
+        if q.is_nan() || q <= 0.0 {
+            return 1.0;
+        }
+        let within = |x: f64| (x / self.seconds - 1.0).abs() <= tolerance;
+        let on = if within(self.on_time_seconds) { 1.0 - q } else { 0.0 };
+        let late = if within(self.late_seconds) { q } else { 0.0 };
+        on + late
+    }
 }
+
+/// Most grid points the search evaluates one by one below the on-time crossing and between
+/// the two crossings (the rest of its work is binary searches).
+const SCAN_POINTS: u64 = 256;
 
 impl SplitInputs<'_> {
     /// Evaluates split point `k` (clamped to P).
     pub fn evaluate(&self, k: u64) -> SplitPoint {
+        self.legs(k).0
+    }
+
+    /// Split point `k` and its fetch leg's on-time and late completions.
+    fn legs(&self, k: u64) -> (SplitPoint, f64, f64) {
         let p = self.prefix_tokens;
         let k = k.min(p);
         let real = k > 0 && k < p;
         let slow = if real { 1.0 + self.interference.max(0.0) } else { 1.0 };
         let compute_leg =
             if k == 0 { 0.0 } else { self.compute_wait_s + slow * self.compute.recompute_seconds(k) };
-        let fetch_leg = if k == p {
-            0.0
+        let (fetch_leg, on_leg, late_leg, q) = if k == p {
+            (0.0, 0.0, 0.0, 0.0)
         } else {
-            self.fetch_wait_s + slow * self.link.fetch_seconds(p - k, self.bytes_per_token)
+            let b = self.link.fetch_branches(p - k, self.bytes_per_token);
+            (
+                self.fetch_wait_s + slow * self.link.fetch_seconds(p - k, self.bytes_per_token),
+                self.fetch_wait_s + slow * b.on_time_s,
+                self.fetch_wait_s + slow * b.late_s,
+                b.late_probability,
+            )
         };
         let load = (p - k) as f64 * self.load_s_per_token.max(0.0);
-        let seconds = compute_leg.max(fetch_leg) + load + if real { self.overhead_s } else { 0.0 };
-        SplitPoint {
+        let overhead = if real { self.overhead_s } else { 0.0 };
+        let on_time = compute_leg.max(on_leg) + load + overhead;
+        let late = compute_leg.max(late_leg) + load + overhead;
+        // Below both fetch outcomes the compute leg never decides, and the expectation is the
+        // expected fetch leg's (the same sum as the pure fetch's price); above both, it always
+        // decides; between them, the mixture.
+        let seconds = if compute_leg <= on_leg {
+            fetch_leg + load + overhead
+        } else if compute_leg >= late_leg || q <= 0.0 {
+            compute_leg + load + overhead
+        } else {
+            (1.0 - q) * on_time + q * late
+        };
+        let pt = SplitPoint {
             recompute_tokens: k,
             fetch_tokens: p - k,
             compute_leg_seconds: compute_leg,
             fetch_leg_seconds: fetch_leg,
             load_seconds: load,
             seconds,
-        }
+            late_probability: q,
+            on_time_seconds: on_time,
+            late_seconds: late,
+        };
+        (pt, on_leg, late_leg)
     }
 
-    /// The best split point on the grid, endpoints included (an endpoint is a pure action).
+    /// Whether `pt` may be chosen: a pure action always, a real split only if predictable.
+    fn admits(&self, pt: &SplitPoint) -> bool {
+        !pt.is_real_split()
+            || self.min_confidence <= 0.0
+            || pt.confidence(self.tolerance) >= self.min_confidence
+    }
+
+    /// The best admitted split point on the grid, endpoints included (an endpoint is a pure
+    /// action). "Best" is the least expected time.
+    ///
+    /// With a tail the fetch leg has two outcomes, so there are two crossings: `j1`, where the
+    /// compute leg first outlasts an on-time fetch leg, and `j2 ≥ j1`, where it first outlasts
+    /// a late one. Below `j1` the time is the expected fetch leg plus the load, which only
+    /// falls with `k` (a shorter fetch is faster and less often late), so the best admitted
+    /// point there is the last admitted one. From `j2` on both outcomes are the compute leg
+    /// (convex, as without a tail), every point admitted. Between them, `(1 − q)·compute +
+    /// q·late fetch`, with no shape to rely on, is scanned. Without a tail `j1 = j2` and this
+    /// is the plain crossing search.
     pub fn best(&self) -> SplitPoint {
         let p = self.prefix_tokens;
         let g = self.granularity.max(1);
         let k_of = |j: u64| j.saturating_mul(g).min(p);
         let j_lo = self.min_recompute_tokens.min(p).div_ceil(g);
         let j_hi = p.div_ceil(g);
-        // Smallest j in [j_lo, j_hi] whose compute leg is no faster than its fetch leg. At j_hi
-        // the fetch leg is empty, so the predicate holds there and the search is total.
-        let (mut lo, mut hi) = (j_lo, j_hi);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let pt = self.evaluate(k_of(mid));
-            if pt.compute_leg_seconds >= pt.fetch_leg_seconds {
-                hi = mid;
-            } else {
-                lo = mid + 1;
+        // Smallest j in [j_lo, j_hi] whose compute leg is no faster than the chosen fetch leg.
+        // At j_hi the fetch leg is empty, so the predicate holds there and the search is total.
+        let crossing = |late: bool| {
+            let (mut lo, mut hi) = (j_lo, j_hi);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                let (pt, on, lt) = self.legs(k_of(mid));
+                if pt.compute_leg_seconds >= if late { lt } else { on } {
+                    hi = mid;
+                } else {
+                    lo = mid + 1;
+                }
             }
-        }
-        let crossing = lo;
-        let mut best = self.evaluate(k_of(crossing));
+            lo
+        };
+        let j1 = crossing(false);
+        let j2 = crossing(true).max(j1);
+        // The pure recompute endpoint is always admitted, so `best` always ends up set.
+        let mut best = self.evaluate(k_of(j_hi));
         let mut consider = |j: u64| {
             let pt = self.evaluate(k_of(j));
-            if pt.seconds < best.seconds {
+            let ok = self.admits(&pt);
+            if ok && pt.seconds < best.seconds {
                 best = pt;
             }
+            ok
         };
-        if crossing > j_lo {
-            consider(crossing - 1);
+        for j in (j_lo..j1).rev().take(SCAN_POINTS as usize) {
+            if consider(j) {
+                break;
+            }
         }
-        // Past the crossing, up to the last real split (j_hi − 1), the time is the compute leg
-        // plus the load and the overhead: convex in k. Its least is the first j whose next
-        // point is no faster (with no load that is the crossing itself).
-        if self.load_s_per_token > 0.0 && crossing + 1 < j_hi {
-            let (mut lo, mut hi) = (crossing, j_hi - 1);
+        let band = j2 - j1;
+        if band <= SCAN_POINTS {
+            (j1..=j2).for_each(|j| {
+                consider(j);
+            });
+        } else {
+            (0..=SCAN_POINTS).for_each(|i| {
+                consider(j1 + band * i / SCAN_POINTS);
+            });
+        }
+        // Past j2, up to the last real split (j_hi − 1), the time is the compute leg plus the
+        // load and the overhead: convex in k. Its least is the first j whose next point is no
+        // faster (with no load that is j2 itself).
+        if self.load_s_per_token > 0.0 && j2 + 1 < j_hi {
+            let (mut lo, mut hi) = (j2, j_hi - 1);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
                 if self.evaluate(k_of(mid + 1)).seconds >= self.evaluate(k_of(mid)).seconds {
@@ -148,7 +243,6 @@ impl SplitInputs<'_> {
         }
         // The endpoints are the pure actions (no overhead); a split with overhead can lose to them.
         consider(j_lo);
-        consider(j_hi);
         best
     }
 }
@@ -156,6 +250,7 @@ impl SplitInputs<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::link::FetchTail;
 
     fn seed_inputs<'a>(c: &'a ComputeModel, l: &'a LinkModel, p: u64) -> SplitInputs<'a> {
         SplitInputs {
@@ -170,6 +265,8 @@ mod tests {
             overhead_s: 0.0,
             interference: 0.0,
             load_s_per_token: 0.0,
+            tolerance: 0.15,
+            min_confidence: 0.0,
         }
     }
 
@@ -180,7 +277,7 @@ mod tests {
         let mut k = s.min_recompute_tokens.min(s.prefix_tokens).div_ceil(g) * g;
         loop {
             let pt = s.evaluate(k);
-            if best.is_none_or(|b| pt.seconds < b.seconds) {
+            if s.admits(&pt) && best.is_none_or(|b| pt.seconds < b.seconds) {
                 best = Some(pt);
             }
             if k >= s.prefix_tokens {
@@ -227,8 +324,18 @@ mod tests {
             {
                 // Loads from none to dearer per token than the prefill (so the least lies
                 // past the crossing, inside the compute leg's range).
-                for load in [0.0, 1e-6, 1e-4, 1e-3, 2e-2] {
-                    let l = LinkModel::new(gbps, rtt, 1.0).unwrap();
+                // And with loss tails from none to nearly every fetch late, each with the
+                // predictability filter off and on.
+                for (load, (hazard, conf)) in [0.0, 1e-6, 1e-4, 1e-3, 2e-2].into_iter().flat_map(|l| {
+                    [(0.0, 0.0), (1e-4, 0.0), (1e-3, 0.9), (1e-3, 0.0), (3e-2, 0.6)].map(|t| (l, t))
+                }) {
+                    let bare = LinkModel::new(gbps, rtt, 1.0).unwrap();
+                    let tail = FetchTail {
+                        hazard_per_packet: hazard,
+                        window_bytes: gbps * 1e9 / 8.0 * rtt,
+                        delay_s: rtt.max(0.01),
+                    };
+                    let l = bare.with_tail(tail).unwrap();
                     let mut s = seed_inputs(c, &l, p);
                     s.bytes_per_token = 131_072.0;
                     s.granularity = g;
@@ -236,11 +343,13 @@ mod tests {
                     s.min_recompute_tokens = kmin;
                     s.interference = interference;
                     s.load_s_per_token = load;
+                    s.min_confidence = conf;
+                    let (best, reference) = (s.best(), brute(&s));
                     assert_eq!(
-                        s.best().seconds,
-                        brute(&s).seconds,
-                        "{gbps} {rtt} {p} {g} {interference} {load}"
+                        best.seconds, reference.seconds,
+                        "{gbps} {rtt} {p} {g} {interference} {load} {hazard} {conf}"
                     );
+                    assert!(s.admits(&best));
                 }
             }
         }
@@ -289,5 +398,69 @@ mod tests {
             assert!(b.seconds >= last.seconds && b.recompute_tokens >= last.recompute_tokens, "{load}");
             last = b;
         }
+    }
+
+    /// A 0.1 %-loss path at 1 Gbit/s × 50 ms and a prefill of 1.5 ms per token: the bench's
+    /// lossy profile, where a 16-token fetch leg is late about half the time.
+    fn lossy_inputs<'a>(c: &'a ComputeModel, l: &'a LinkModel, p: u64) -> SplitInputs<'a> {
+        let mut s = seed_inputs(c, l, p);
+        s.bytes_per_token = 32_768.0;
+        s.granularity = 16;
+        s.overhead_s = 0.005;
+        s
+    }
+
+    fn lossy_link() -> LinkModel {
+        let tail =
+            FetchTail { hazard_per_packet: -(1.0f64 - 1e-3).ln(), window_bytes: 6.25e6, delay_s: 0.05 };
+        LinkModel::new(0.95, 0.05, 1.0).unwrap().with_tail(tail).unwrap()
+    }
+
+    #[test]
+    fn a_late_fetch_leg_is_priced_as_the_expected_slower_leg_not_the_slower_expected_leg() {
+        let c = ComputeModel::from_measured(1.5e-3, 0.0).unwrap();
+        let l = lossy_link();
+        let s = lossy_inputs(&c, &l, 64);
+        let pt = s.evaluate(48);
+        let q = pt.late_probability;
+        assert!(q > 0.2 && q < 0.8, "{q}");
+        let expected = (1.0 - q) * pt.on_time_seconds + q * pt.late_seconds;
+        assert!((pt.seconds - expected).abs() < 1e-12);
+        // E[max] ≥ max(E): the old price, the slower of the expected legs, was too low.
+        let naive = pt.compute_leg_seconds.max(pt.fetch_leg_seconds) + pt.load_seconds + s.overhead_s;
+        assert!(pt.seconds > naive + 1e-4, "{} vs {naive}", pt.seconds);
+        assert!(pt.late_seconds - pt.on_time_seconds > 0.03);
+        // Without a tail both outcomes are the one time.
+        let bare = LinkModel::new(0.95, 0.05, 1.0).unwrap();
+        let b = lossy_inputs(&c, &bare, 64).evaluate(48);
+        assert_eq!((b.late_probability, b.on_time_seconds, b.late_seconds), (0.0, b.seconds, b.seconds));
+        assert_eq!(b.confidence(0.0), 1.0);
+    }
+
+    #[test]
+    fn a_split_that_is_a_coin_flip_is_not_admitted_and_a_covered_one_is() {
+        let c = ComputeModel::from_measured(1.5e-3, 0.0).unwrap();
+        let l = lossy_link();
+        let mut s = lossy_inputs(&c, &l, 64);
+        let gamble = s.best();
+        assert!(gamble.is_real_split(), "{gamble:?}");
+        assert!(gamble.confidence(0.15) < 0.9, "{gamble:?}");
+        s.min_confidence = 0.9;
+        let safe = s.best();
+        assert!(s.admits(&safe) && safe.confidence(0.15) >= 0.9, "{safe:?}");
+        assert!(safe.seconds >= gamble.seconds);
+        // A long prefix: the compute leg can cover a late fetch leg, and that split is kept.
+        let mut s = lossy_inputs(&c, &l, 2048);
+        s.min_confidence = 0.9;
+        let covered = s.best();
+        assert!(covered.is_real_split() && covered.confidence(0.15) >= 0.9, "{covered:?}");
+        // Confidence is the weight of the outcomes inside the band, monotone in the band.
+        let mut last = 0.0;
+        for tol in [0.0, 0.05, 0.1, 0.2, 0.5, 1.0] {
+            let c = gamble.confidence(tol);
+            assert!((0.0..=1.0).contains(&c) && c >= last, "{tol} {c}");
+            last = c;
+        }
+        assert_eq!(gamble.confidence(1.0), 1.0);
     }
 }
