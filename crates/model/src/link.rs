@@ -124,24 +124,21 @@ impl LinkModel {
     /// goodput, plus the tail's expected delay. Fetching nothing costs nothing (no request is
     /// sent).
     pub fn fetch_seconds(&self, tokens: u64, bytes_per_token: f64) -> f64 {
-        if tokens == 0 {
-            return 0.0;
-        }
-        let wire_bytes = self.wire_bytes(tokens, bytes_per_token);
-        self.rtt_s + wire_bytes * 8.0 / self.bits_per_second() + self.tail.expected_delay_s(wire_bytes)
+        self.fetch_branches(tokens, bytes_per_token).mean_s()
     }
 
     /// The two outcomes [`Self::fetch_seconds`] averages: on time, or the tail's delay late,
-    /// and how likely the late one is. Fetching nothing: both 0, never late.
+    /// and how likely the late one is. Fetching nothing: 0, never late.
     pub fn fetch_branches(&self, tokens: u64, bytes_per_token: f64) -> FetchBranches {
         if tokens == 0 {
             return FetchBranches::default();
         }
         let wire_bytes = self.wire_bytes(tokens, bytes_per_token);
-        let on_time_s = self.rtt_s + wire_bytes * 8.0 / self.bits_per_second();
-        let late_probability = self.tail.late_probability(wire_bytes);
-        let late_s = if late_probability > 0.0 { on_time_s + self.tail.delay_s } else { on_time_s };
-        FetchBranches { on_time_s, late_s, late_probability }
+        FetchBranches {
+            on_time_s: self.rtt_s + wire_bytes * 8.0 / self.bits_per_second(),
+            delay_s: self.tail.delay_s,
+            late_probability: self.tail.late_probability(wire_bytes),
+        }
     }
 }
 
@@ -150,10 +147,22 @@ impl LinkModel {
 pub struct FetchBranches {
     /// Seconds when no packet that could delay the end is lost.
     pub on_time_s: f64,
-    /// Seconds when one is (equal to `on_time_s` where the path has no tail).
-    pub late_s: f64,
+    /// Extra seconds when one is.
+    pub delay_s: f64,
     /// Probability of the late outcome.
     pub late_probability: f64,
+}
+
+impl FetchBranches {
+    /// Seconds of the late outcome (`on_time_s` where the fetch cannot be late).
+    pub fn late_s(&self) -> f64 {
+        if self.late_probability > 0.0 { self.on_time_s + self.delay_s } else { self.on_time_s }
+    }
+
+    /// The expected seconds: the on-time outcome plus the expected delay.
+    pub fn mean_s(&self) -> f64 {
+        self.on_time_s + self.delay_s * self.late_probability
+    }
 }
 
 #[cfg(test)]

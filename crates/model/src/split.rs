@@ -125,12 +125,8 @@ impl SplitInputs<'_> {
             (0.0, 0.0, 0.0, 0.0)
         } else {
             let b = self.link.fetch_branches(p - k, self.bytes_per_token);
-            (
-                self.fetch_wait_s + slow * self.link.fetch_seconds(p - k, self.bytes_per_token),
-                self.fetch_wait_s + slow * b.on_time_s,
-                self.fetch_wait_s + slow * b.late_s,
-                b.late_probability,
-            )
+            let leg = |s: f64| self.fetch_wait_s + slow * s;
+            (leg(b.mean_s()), leg(b.on_time_s), leg(b.late_s()), b.late_probability)
         };
         let load = (p - k) as f64 * self.load_s_per_token.max(0.0);
         let overhead = if real { self.overhead_s } else { 0.0 };
