@@ -960,7 +960,7 @@ async fn decisions(
             report.splits.push(s);
             note
         } else {
-            if split.decision.reason.contains("split declined") {
+            let declined = split.decision.declined_split.as_ref().map_or(String::new(), |x| {
                 report.declined_splits.push(DeclinedSplit {
                     link: link.clone(),
                     prefix_tokens: n,
@@ -968,10 +968,10 @@ async fn decisions(
                     measured_s: split.receipt.wall_s + split_load_s,
                     reason: split.decision.reason.clone(),
                 });
-            }
-            let declined = split.decision.reason.find("; split declined").map_or("", |i| {
-                let rest = &split.decision.reason[i + 2..];
-                &rest[..rest.find("; ").unwrap_or(rest.len())]
+                format!(
+                    "(a split declined as a coin flip: {:.3} s expected, its fetch leg late with probability {:.2}, then {:.3} s later)",
+                    x.seconds, x.late_probability, x.late_delay_s
+                )
             });
             format!("with split allowed: {} {declined}", split.receipt.action)
         };

@@ -739,6 +739,15 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Predi
     }
 }
 
+/// A split's wire form, with its two outcomes: its fetch leg on time or late.
+fn split_candidate(pt: &kvferry_model::SplitPoint, c: kvferry_model::Candidate) -> Candidate {
+    Candidate {
+        late_probability: pt.late_probability,
+        late_delay_s: if pt.late_probability > 0.0 { pt.late_seconds - pt.on_time_seconds } else { 0.0 },
+        ..candidate(MigrationAction::Split, c, None)
+    }
+}
+
 /// The wire form of a decision.
 pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
     let fig = p.figures;
@@ -780,18 +789,20 @@ pub fn to_proto(p: &Prepared, planned: &Planned) -> Decision {
             feasible: d.split.point.is_real_split(),
         };
         let recompute = kvferry_model::Candidate { wire_bytes: 0.0, feasible: true, ..d.recompute };
-        // The split's two outcomes: its fetch leg on time or late.
-        let pt = d.split.point;
-        let split = Candidate {
-            late_probability: pt.late_probability,
-            late_delay_s: if pt.late_probability > 0.0 { pt.late_seconds - pt.on_time_seconds } else { 0.0 },
-            ..candidate(MigrationAction::Split, split, None)
-        };
         out.candidates = vec![
             candidate(MigrationAction::Fetch, d.fetch, planned.fetch_prediction),
             candidate(MigrationAction::Recompute, recompute, planned.recompute_prediction),
-            split,
+            split_candidate(&d.split.point, split),
         ];
+        out.declined_split = d.split.declined.filter(|_| planned.action != MigrationAction::Split).map(|x| {
+            let c = kvferry_model::Candidate {
+                seconds: x.point.seconds,
+                gpu_seconds: x.gpu_seconds,
+                wire_bytes: x.wire_bytes,
+                feasible: true,
+            };
+            split_candidate(&x.point, c)
+        });
     }
     out
 }

@@ -210,6 +210,9 @@ pub struct DeclinedSplit {
     pub point: SplitPoint,
     /// Its expected gain over the better pure action.
     pub gain: f64,
+    /// What it would have consumed, as [`SplitCandidate`]'s.
+    pub gpu_seconds: f64,
+    pub wire_bytes: f64,
     /// Probability that its time lands within `Policy::split_tolerance` of its expectation.
     pub confidence: f64,
 }
@@ -344,6 +347,10 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
     let best_pure = if fetch.feasible { fetch.seconds.min(recompute.seconds) } else { recompute.seconds };
     let gain_of = |pt: &SplitPoint| if pt.is_real_split() { 1.0 - pt.seconds / best_pure } else { 0.0 };
     let gain = gain_of(&point);
+    // Target-GPU seconds and WAN bytes of a split point.
+    let consumes = |pt: &SplitPoint| {
+        (s.compute.recompute_seconds(pt.recompute_tokens), s.link.wire_bytes(pt.fetch_tokens, bpt))
+    };
     // Only a link with a tail has splits the filter can leave out.
     let declined =
         (policy.allow_split && policy.split_min_confidence > 0.0 && s.link.tail.hazard_per_packet > 0.0)
@@ -354,18 +361,18 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
                     && gain_of(free) >= policy.split_min_gain
                     && gain_of(free) > gain
             })
-            .map(|free| DeclinedSplit {
-                point: free,
-                gain: gain_of(&free),
-                confidence: free.confidence(policy.split_tolerance),
+            .map(|free| {
+                let (gpu_seconds, wire_bytes) = consumes(&free);
+                DeclinedSplit {
+                    point: free,
+                    gain: gain_of(&free),
+                    gpu_seconds,
+                    wire_bytes,
+                    confidence: free.confidence(policy.split_tolerance),
+                }
             });
-    let split = SplitCandidate {
-        point,
-        gpu_seconds: s.compute.recompute_seconds(point.recompute_tokens),
-        wire_bytes: s.link.wire_bytes(point.fetch_tokens, bpt),
-        gain,
-        declined,
-    };
+    let (gpu_seconds, wire_bytes) = consumes(&point);
+    let split = SplitCandidate { point, gpu_seconds, wire_bytes, gain, declined };
 
     let (action, reason) = choose(policy, &fetch, &recompute, &split, best_pure);
 

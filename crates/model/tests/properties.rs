@@ -299,6 +299,7 @@ fn a_split_riding_a_coin_flip_is_declined_with_its_numbers() {
     assert_eq!(x.point.recompute_tokens, 48);
     assert!(x.gain >= 0.05 && x.confidence < 0.9, "{x:?}");
     assert!(x.point.late_probability > 0.2 && x.point.late_probability < 0.8, "{x:?}");
+    assert_eq!((x.gpu_seconds, x.wire_bytes), (s.compute.recompute_seconds(48), 16.0 * 32_768.0));
     let free = decide(&s, &Policy { split_min_confidence: 0.0, ..policy }).unwrap();
     assert_eq!((free.action, free.split.point), (Action::Split, x.point));
     assert!(free.split.declined.is_none());

@@ -136,7 +136,7 @@ class Candidate(_message.Message):
     def __init__(self, action: _Optional[str] = ..., seconds: _Optional[float] = ..., gpu_seconds: _Optional[float] = ..., wire_bytes: _Optional[float] = ..., feasible: _Optional[bool] = ..., kind: _Optional[_Union[Action, str]] = ..., sd_s: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., late_probability: _Optional[float] = ..., late_delay_s: _Optional[float] = ...) -> None: ...
 
 class Decision(_message.Message):
-    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins", "holdings", "load_s_per_token")
+    __slots__ = ("action", "reason", "source_region", "source_tokens", "local_tokens", "split_recompute_tokens", "candidates", "crossover_tokens", "link", "recompute_s_per_token", "bytes_per_token", "kind", "hedge", "hedge_expected_s", "hedge_p_fetch_wins", "holdings", "load_s_per_token", "declined_split")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     SOURCE_REGION_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +154,7 @@ class Decision(_message.Message):
     HEDGE_P_FETCH_WINS_FIELD_NUMBER: _ClassVar[int]
     HOLDINGS_FIELD_NUMBER: _ClassVar[int]
     LOAD_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    DECLINED_SPLIT_FIELD_NUMBER: _ClassVar[int]
     action: str
     reason: str
     source_region: str
@@ -171,7 +172,8 @@ class Decision(_message.Message):
     hedge_p_fetch_wins: float
     holdings: _containers.RepeatedCompositeFieldContainer[Holding]
     load_s_per_token: float
-    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ..., load_s_per_token: _Optional[float] = ...) -> None: ...
+    declined_split: Candidate
+    def __init__(self, action: _Optional[str] = ..., reason: _Optional[str] = ..., source_region: _Optional[str] = ..., source_tokens: _Optional[int] = ..., local_tokens: _Optional[int] = ..., split_recompute_tokens: _Optional[int] = ..., candidates: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., crossover_tokens: _Optional[float] = ..., link: _Optional[_Union[LinkState, _Mapping]] = ..., recompute_s_per_token: _Optional[float] = ..., bytes_per_token: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedge: _Optional[bool] = ..., hedge_expected_s: _Optional[float] = ..., hedge_p_fetch_wins: _Optional[float] = ..., holdings: _Optional[_Iterable[_Union[Holding, _Mapping]]] = ..., load_s_per_token: _Optional[float] = ..., declined_split: _Optional[_Union[Candidate, _Mapping]] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("bytes_done", "bytes_total", "elapsed_s")
