@@ -67,6 +67,13 @@ fn start_daemon(
         spawn(&root.join("daemon.log"), &["daemon", "--config", path.to_str().unwrap()]),
     )];
     wait_file(&run.join("engine.sock"), "daemon", &mut procs);
+    // The router API (its TLS configuration, and in dev mode the router client identity it
+    // writes) comes up after the engine socket: wait until it accepts connections.
+    let t = std::time::Instant::now();
+    while std::net::TcpStream::connect(grpc).is_err() {
+        assert!(t.elapsed() < std::time::Duration::from_secs(60), "the router API never listened on {grpc}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     let log_path = root.join("daemon.log");
     (grpc, Reap(procs), move || std::fs::read_to_string(&log_path).unwrap_or_default())
 }
