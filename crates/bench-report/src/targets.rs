@@ -125,7 +125,7 @@ pub fn target_notes(r: &BenchReport) -> Vec<String> {
     }
     if !r.declined_splits.is_empty() {
         out.push(format!(
-            "splits declined as coin flips (faster in expectation, time not predictable within the policy's band): {}",
+            "splits declined as not predictable (faster in expectation, time not within the policy's band with its probability): {}",
             r.declined_splits.len()
         ));
         for x in &r.declined_splits {

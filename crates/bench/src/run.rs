@@ -969,7 +969,7 @@ async fn decisions(
                     reason: split.decision.reason.clone(),
                 });
                 format!(
-                    "(a split declined as a coin flip: {:.3} s expected, its fetch leg late with probability {:.2}, then {:.3} s later)",
+                    "(a split declined as not predictable: {:.3} s expected, its fetch leg late with probability {:.2}, then {:.3} s later)",
                     x.seconds, x.late_probability, x.late_delay_s
                 )
             });

@@ -127,6 +127,10 @@ async fn an_executed_split_calibrates_the_split_interference() {
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
     // One split does not outvote the prior 0 (the median of 1, 1 and its slowdown).
     assert_eq!((engine.split_samples, engine.split_interference), (1, 0.0), "{engine:?}");
+    // The split's scatter around the outcome it was predicted at: measured from this one split
+    // (the planned one had none to count, so the decision carried none for it).
+    assert!(engine.split_scatter > 0.0 && engine.split_scatter <= 1.0, "{engine:?}");
+    let first_scatter = engine.split_scatter;
     // A second does. Both were planned with 0 (the prior, then the anchored median), so each
     // slowdown is measured / predicted (at least 1), and the median of 1 and the two is the
     // smaller of them.
@@ -136,6 +140,8 @@ async fn an_executed_split_calibrates_the_split_interference() {
     let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
     assert_eq!(engine.split_samples, 2, "{engine:?}");
+    assert!(engine.split_scatter > 0.0 && engine.split_scatter <= 1.0, "{engine:?}");
+    assert_ne!(engine.split_scatter, first_scatter, "the second split is counted: {engine:?}");
     let slowdown = |r: &kvferry_proto::v1::Receipt| (r.measured_s / r.predicted_s).clamp(1.0, 5.0);
     let expected = slowdown(&r).min(slowdown(&r2)) - 1.0;
     assert!(

@@ -19,7 +19,7 @@ use std::sync::Mutex;
 
 use kvferry_model::calibration::{
     FetchEstimate, FetchSpread, FitConfig, InterferenceCalibration, LoadCalibration, RecomputeEstimate,
-    RecomputeSpread,
+    RecomputeSpread, SplitScatter,
 };
 use kvferry_model::{
     CalibrationError, ComputeModel, FetchCalibration, FetchObservation, LinkModel, RecomputeCalibration,
@@ -41,6 +41,7 @@ pub struct Calibrations {
     fetch: Mutex<HashMap<String, FetchCalibration>>,
     recompute: Mutex<HashMap<String, EngineCal>>,
     split: Mutex<HashMap<String, InterferenceCalibration>>,
+    scatter: Mutex<HashMap<String, SplitScatter>>,
     hedge: Mutex<HashMap<String, InterferenceCalibration>>,
     load: Mutex<HashMap<String, LoadCalibration>>,
 }
@@ -165,6 +166,24 @@ impl Calibrations {
     /// Folds in one executed split of `engine_id`, planned with interference `used`.
     pub fn observe_split(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
         observe_interference(&self.split, "split", engine_id, prior, used, predicted_s, measured_s);
+    }
+
+    /// The scatter of `engine_id`'s executed splits around their predicted outcomes (0 until
+    /// the first), and the splits it was measured from.
+    pub fn split_scatter(&self, engine_id: &str) -> (f64, u64) {
+        self.scatter.locked().get(engine_id).map_or((0.0, 0), |c| (c.estimate(), c.samples()))
+    }
+
+    /// Folds in one executed split of `engine_id`: its predicted completion with the fetch leg
+    /// on time and late, and its measured seconds.
+    pub fn observe_split_outcome(&self, engine_id: &str, on_time_s: f64, late_s: f64, measured_s: f64) {
+        let r = self
+            .scatter
+            .locked()
+            .entry(engine_id.to_owned())
+            .or_default()
+            .observe(on_time_s, late_s, measured_s);
+        log_refused("split scatter", engine_id, r);
     }
 
     /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
@@ -334,6 +353,18 @@ mod tests {
         c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
         assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
         assert_eq!(c.split_state("e", 9.0).1, 2);
+    }
+
+    #[test]
+    fn split_scatter_is_none_until_a_split_of_that_engine_then_measured() {
+        let c = Calibrations::default();
+        assert_eq!(c.split_scatter("e"), (0.0, 0));
+        c.observe_split_outcome("e", 0.087, 0.115, 0.078);
+        let (s, n) = c.split_scatter("e");
+        assert!(s > 0.1 && s < 0.2 && n == 1, "{s} {n}");
+        c.observe_split_outcome("e", 0.1, 0.1, f64::NAN); // refused, logged
+        assert_eq!(c.split_scatter("e"), (s, 1));
+        assert_eq!(c.split_scatter("other"), (0.0, 0), "per engine");
     }
 
     #[test]

@@ -174,6 +174,17 @@ pub async fn execute(
             executed_predicted_s,
             receipt.measured_s,
         );
+        // And its scatter, against the nearer of the two outcomes it was planned with (the
+        // same executed part: the engine's load comes after).
+        if let Some(m) = &plan.model {
+            let pt = m.split.point;
+            shared.calib.observe_split_outcome(
+                &p.engine.engine_id,
+                pt.on_time_seconds - plan.load_s,
+                pt.late_seconds - plan.load_s,
+                receipt.measured_s,
+            );
+        }
     }
     // A hedge's wall is a race's, not the planned pure action's: it says nothing of that
     // prediction (the race calibrates the hedge interference instead).

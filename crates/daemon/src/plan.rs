@@ -205,6 +205,7 @@ fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Pol
         split_interference: 0.0, // per engine: set in `prepare_with` once the engine is known
         split_tolerance: shared.config.policy.split_tolerance,
         split_min_confidence: shared.config.policy.split_min_confidence,
+        split_noise: 0.0, // per engine, learnt: set in `prepare_with` too
     }
 }
 
@@ -328,6 +329,9 @@ pub async fn prepare_with(
     let mut policy = policy_of(shared, r, block_size);
     policy.split_interference =
         shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
+    if shared.config.policy.calibrate {
+        policy.split_noise = shared.calib.split_scatter(&engine.engine_id).0;
+    }
     // The load the recompute calibration is evaluated at (and its sample recorded with): the
     // compute path's utilization by the cost model's rule — a busy fraction counts only while
     // something is queued. The engine's trailing busy fraction alone is history: right after a
@@ -675,13 +679,14 @@ pub fn decide(p: &Prepared) -> Result<Planned, DaemonError> {
         .and_then(|d| d.split.declined)
         .map(|x| {
             format!(
-                "; split declined: {:.1}% faster in expectation ({} recomputed, {:.2} ms) but a coin flip: its fetch leg late with probability {:.2} ({:.2} ms on time, {:.2} late), within {:.0}% with probability {:.2} (needs {:.2})",
+                "; split declined: {:.1}% faster in expectation ({} recomputed, {:.2} ms) but not predictable: its fetch leg late with probability {:.2} ({:.2} ms on time, {:.2} late), the splits' scatter ±{:.1}%, within {:.0}% with probability {:.2} (needs {:.2})",
                 x.gain * 100.0,
                 x.point.recompute_tokens,
                 x.point.seconds * 1e3,
                 x.point.late_probability,
                 x.point.on_time_seconds * 1e3,
                 x.point.late_seconds * 1e3,
+                x.point.noise * 100.0,
                 p.policy.split_tolerance * 100.0,
                 x.confidence,
                 p.policy.split_min_confidence
@@ -741,7 +746,14 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Predi
 
 /// A split's wire form, with its two outcomes: its fetch leg on time or late.
 fn split_candidate(pt: &kvferry_model::SplitPoint, c: kvferry_model::Candidate) -> Candidate {
+    // One outcome's scatter around each of the two, and the two outcomes' own spread.
+    let q = if pt.late_probability > 0.0 { pt.late_probability } else { 0.0 };
+    let (on, late) = if q > 0.0 { (pt.on_time_seconds, pt.late_seconds) } else { (pt.seconds, pt.seconds) };
+    let var = (1.0 - q) * (pt.noise * on).powi(2)
+        + q * (pt.noise * late).powi(2)
+        + q * (1.0 - q) * (late - on).powi(2);
     Candidate {
+        sd_s: var.max(0.0).sqrt(),
         late_probability: pt.late_probability,
         late_delay_s: if pt.late_probability > 0.0 { pt.late_seconds - pt.on_time_seconds } else { 0.0 },
         ..candidate(MigrationAction::Split, c, None)
@@ -845,7 +857,7 @@ pub fn engine_calibration(
     engine_id: &str,
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
-    (split_interference, split_samples): (f64, u64),
+    (split_interference, split_samples, split_scatter): (f64, u64, f64),
     (hedge_interference, hedge_samples): (f64, u64),
     (load_s_per_byte, load_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
@@ -865,6 +877,7 @@ pub fn engine_calibration(
         hedge_samples: hedge_samples.min(u64::from(u32::MAX)) as u32,
         load_s_per_byte,
         load_samples: load_samples.min(u64::from(u32::MAX)) as u32,
+        split_scatter,
     }
 }
 

@@ -209,7 +209,8 @@ impl Migration for MigrationService {
             .iter()
             .map(|(id, reported, e)| {
                 let policy = &self.shared.config.policy;
-                let split = self.shared.calib.split_state(id, policy.split_interference);
+                let (split_i, split_n) = self.shared.calib.split_state(id, policy.split_interference);
+                let split = (split_i, split_n, self.shared.calib.split_scatter(id).0);
                 let hedge = self.shared.calib.hedge_state(id, policy.hedge_interference);
                 engine_calibration(id, *reported, e, split, hedge, self.shared.calib.load_state(id))
             })

@@ -108,6 +108,12 @@ pub struct Policy {
     /// commit two paths to (a hedge is the tool for one). 0 admits every split.
     #[serde(default)]
     pub split_min_confidence: f64,
+    /// Relative scatter (sd) of a split's completion around the outcome it comes in at (0:
+    /// exact; the daemon learns it from executed splits, [`crate::calibration::SplitScatter`]).
+    /// Counted in the split's confidence: a split predicted at the edge of the tolerance is
+    /// inside it only about half the time.
+    #[serde(default)]
+    pub split_noise: f64,
 }
 
 fn default_split_tolerance() -> f64 {
@@ -126,6 +132,7 @@ impl Default for Policy {
             split_interference: 0.0,
             split_tolerance: default_split_tolerance(),
             split_min_confidence: 0.9,
+            split_noise: 0.0,
         }
     }
 }
@@ -144,6 +151,7 @@ impl Policy {
         non_negative("split_interference", self.split_interference)?;
         non_negative("split_tolerance", self.split_tolerance)?;
         non_negative("split_min_confidence", self.split_min_confidence)?;
+        non_negative("split_noise", self.split_noise)?;
         if self.split_min_confidence > 0.0 {
             fraction("split_min_confidence", self.split_min_confidence)?;
         }
@@ -203,7 +211,9 @@ pub struct SplitCandidate {
     pub declined: Option<DeclinedSplit>,
 }
 
-/// A split left out because its time is a coin flip (see [`Policy::split_min_confidence`]).
+/// A split left out because its time is not predictable: a coin flip between its fetch leg's
+/// outcomes, or an outcome at the edge of the band given the splits' scatter (see
+/// [`Policy::split_min_confidence`], [`Policy::split_noise`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DeclinedSplit {
     /// The point, with its two outcomes.
@@ -342,6 +352,7 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
         load_s_per_token: load_per_token,
         tolerance: policy.split_tolerance,
         min_confidence: policy.split_min_confidence,
+        noise: policy.split_noise,
     };
     let point = inputs.best();
     let best_pure = if fetch.feasible { fetch.seconds.min(recompute.seconds) } else { recompute.seconds };
@@ -351,26 +362,27 @@ pub fn decide(s: &Scenario, policy: &Policy) -> Result<Decision, ModelError> {
     let consumes = |pt: &SplitPoint| {
         (s.compute.recompute_seconds(pt.recompute_tokens), s.link.wire_bytes(pt.fetch_tokens, bpt))
     };
-    // Only a link with a tail has splits the filter can leave out.
-    let declined =
-        (policy.allow_split && policy.split_min_confidence > 0.0 && s.link.tail.hazard_per_packet > 0.0)
-            .then(|| SplitInputs { min_confidence: 0.0, ..inputs }.best())
-            .filter(|free| {
-                free.is_real_split()
-                    && free.seconds < point.seconds
-                    && gain_of(free) >= policy.split_min_gain
-                    && gain_of(free) > gain
-            })
-            .map(|free| {
-                let (gpu_seconds, wire_bytes) = consumes(&free);
-                DeclinedSplit {
-                    point: free,
-                    gain: gain_of(&free),
-                    gpu_seconds,
-                    wire_bytes,
-                    confidence: free.confidence(policy.split_tolerance),
-                }
-            });
+    // Only a link with a tail, or a scatter, has splits the filter can leave out.
+    let declined = (policy.allow_split
+        && policy.split_min_confidence > 0.0
+        && (s.link.tail.hazard_per_packet > 0.0 || policy.split_noise > 0.0))
+        .then(|| SplitInputs { min_confidence: 0.0, ..inputs }.best())
+        .filter(|free| {
+            free.is_real_split()
+                && free.seconds < point.seconds
+                && gain_of(free) >= policy.split_min_gain
+                && gain_of(free) > gain
+        })
+        .map(|free| {
+            let (gpu_seconds, wire_bytes) = consumes(&free);
+            DeclinedSplit {
+                point: free,
+                gain: gain_of(&free),
+                gpu_seconds,
+                wire_bytes,
+                confidence: free.confidence(policy.split_tolerance),
+            }
+        });
     let (gpu_seconds, wire_bytes) = consumes(&point);
     let split = SplitCandidate { point, gpu_seconds, wire_bytes, gain, declined };
 

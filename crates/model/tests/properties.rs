@@ -94,7 +94,8 @@ proptest! {
                          l in arb_link(), p in 1u64..200_000, g in 1u64..257, over in 0.0..0.05f64,
                          fu in 0.0..0.95f64, cu in 0.0..0.95f64, mu in 1.0..100.0f64, loaded in any::<bool>(),
                          inter in 0.0..3.0f64, hazard in prop_oneof![Just(0.0), 1e-6..1e-2f64],
-                         conf in prop_oneof![Just(0.0), 0.0..1.0f64], tol in 0.0..0.5f64) {
+                         conf in prop_oneof![Just(0.0), 0.0..1.0f64], tol in 0.0..0.5f64,
+                         noise in prop_oneof![Just(0.0), 0.0..0.5f64]) {
         let c = if attn { c2 } else { c };
         // A loss tail from none to nearly every fetch late, its delay a round trip.
         let tail = FetchTail { hazard_per_packet: hazard, window_bytes: l.bits_per_second() / 8.0 * l.rtt_s,
@@ -111,6 +112,7 @@ proptest! {
             split_interference: inter,
             split_tolerance: tol,
             split_min_confidence: conf,
+            split_noise: noise,
             ..Policy::default()
         };
         let d = decide(&s, &policy).unwrap();
@@ -130,7 +132,9 @@ proptest! {
             prop_assert!(x.point.is_real_split() && x.point.seconds < d.split.point.seconds);
             prop_assert!(x.gain > d.split.gain && x.gain >= policy.split_min_gain);
         }
-        prop_assert!(hazard > 0.0 || d.split.declined.is_none());
+        prop_assert!(hazard > 0.0 || noise > 0.0 || d.split.declined.is_none());
+        // The admitted split carries the scatter it was judged with.
+        prop_assert!(!d.split.point.is_real_split() || d.split.point.noise == noise);
         prop_assert!(d.split.point.seconds <= d.fetch.seconds);
         prop_assert!(d.split.point.seconds <= d.recompute.seconds);
         prop_assert!(d.split.gain >= 0.0);

@@ -334,7 +334,7 @@ fn normal_pdf(x: f64) -> f64 {
 }
 
 /// Standard normal distribution function, `Φ(x) = erfc(−x/√2) / 2`.
-fn normal_cdf(x: f64) -> f64 {
+pub(crate) fn normal_cdf(x: f64) -> f64 {
     0.5 * erfc(-x / std::f64::consts::SQRT_2)
 }
 

@@ -78,6 +78,7 @@ pub mod hedge;
 pub mod interference;
 pub mod load;
 pub mod recompute;
+pub mod scatter;
 pub mod tail;
 
 use serde::{Deserialize, Serialize};
@@ -88,10 +89,12 @@ use crate::error::ModelError;
 pub use cpu_share::{CpuCost, cpu_share_interference};
 pub use fetch::{FetchCalibration, FetchEstimate, FetchObservation, FetchSpread};
 pub use fit::FitConfig;
+pub(crate) use hedge::normal_cdf;
 pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
 pub use interference::InterferenceCalibration;
 pub use load::LoadCalibration;
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
+pub use scatter::SplitScatter;
 pub use tail::{TailCalibration, TailEstimate};
 
 /// Longest migration a sample may report (one day); anything longer is a broken clock or a
