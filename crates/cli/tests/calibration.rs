@@ -127,9 +127,10 @@ async fn an_executed_split_calibrates_the_split_interference() {
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
     // One split does not outvote the prior 0 (the median of 1, 1 and its slowdown).
     assert_eq!((engine.split_samples, engine.split_interference), (1, 0.0), "{engine:?}");
-    // The split's scatter around the outcome it was predicted at: measured from this one split
-    // (the planned one had none to count, so the decision carried none for it).
+    // The split's scatter around the outcome it was predicted at: the prior (`[policy]
+    // split_noise`, 3 %) pooled with this one split.
     assert!(engine.split_scatter > 0.0 && engine.split_scatter <= 1.0, "{engine:?}");
+    assert_ne!(engine.split_scatter, 0.03, "the split is counted: {engine:?}");
     let first_scatter = engine.split_scatter;
     // A second does. Both were planned with 0 (the prior, then the anchored median), so each
     // slowdown is measured / predicted (at least 1), and the median of 1 and the two is the

@@ -168,22 +168,32 @@ impl Calibrations {
         observe_interference(&self.split, "split", engine_id, prior, used, predicted_s, measured_s);
     }
 
-    /// The scatter of `engine_id`'s executed splits around their predicted outcomes (0 until
-    /// the first), and the splits it was measured from.
-    pub fn split_scatter(&self, engine_id: &str) -> (f64, u64) {
-        self.scatter.locked().get(engine_id).map_or((0.0, 0), |c| (c.estimate(), c.samples()))
+    /// The scatter of `engine_id`'s executed splits around their predicted outcomes (`prior`
+    /// until the first), and the splits it was measured from.
+    pub fn split_scatter(&self, engine_id: &str, prior: f64) -> (f64, u64) {
+        self.scatter.locked().get(engine_id).map_or((prior, 0), |c| (c.estimate(), c.samples()))
     }
 
     /// Folds in one executed split of `engine_id`: its predicted completion with the fetch leg
-    /// on time and late, and its measured seconds.
-    pub fn observe_split_outcome(&self, engine_id: &str, on_time_s: f64, late_s: f64, measured_s: f64) {
-        let r = self
-            .scatter
-            .locked()
-            .entry(engine_id.to_owned())
-            .or_default()
-            .observe(on_time_s, late_s, measured_s);
-        log_refused("split scatter", engine_id, r);
+    /// on time and late, and its measured seconds. `prior` starts the engine's scatter if this
+    /// is its first split.
+    pub fn observe_split_outcome(
+        &self,
+        engine_id: &str,
+        prior: f64,
+        on_time_s: f64,
+        late_s: f64,
+        measured_s: f64,
+    ) {
+        let mut all = self.scatter.locked();
+        let cal = match all.get_mut(engine_id) {
+            Some(c) => c,
+            None => match SplitScatter::new(prior) {
+                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
+                Err(e) => return log_refused("split scatter", engine_id, Err(e)),
+            },
+        };
+        log_refused("split scatter", engine_id, cal.observe(on_time_s, late_s, measured_s));
     }
 
     /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
@@ -356,15 +366,17 @@ mod tests {
     }
 
     #[test]
-    fn split_scatter_is_none_until_a_split_of_that_engine_then_measured() {
+    fn split_scatter_is_the_prior_until_a_split_of_that_engine_then_measured() {
         let c = Calibrations::default();
-        assert_eq!(c.split_scatter("e"), (0.0, 0));
-        c.observe_split_outcome("e", 0.087, 0.115, 0.078);
-        let (s, n) = c.split_scatter("e");
-        assert!(s > 0.1 && s < 0.2 && n == 1, "{s} {n}");
-        c.observe_split_outcome("e", 0.1, 0.1, f64::NAN); // refused, logged
-        assert_eq!(c.split_scatter("e"), (s, 1));
-        assert_eq!(c.split_scatter("other"), (0.0, 0), "per engine");
+        assert_eq!(c.split_scatter("e", 0.03), (0.03, 0));
+        c.observe_split_outcome("e", 0.03, 0.087, 0.115, 0.078);
+        let (s, n) = c.split_scatter("e", 0.03);
+        assert!(s > 0.03 && s < 0.1 && n == 1, "{s} {n}");
+        c.observe_split_outcome("e", 0.03, 0.1, 0.1, f64::NAN); // refused, logged
+        assert_eq!(c.split_scatter("e", 0.5), (s, 1), "the prior no longer applies");
+        assert_eq!(c.split_scatter("other", 0.0), (0.0, 0), "per engine");
+        c.observe_split_outcome("bad", f64::NAN, 0.1, 0.1, 0.1); // a bad prior: refused, logged
+        assert_eq!(c.split_scatter("bad", 0.02), (0.02, 0));
     }
 
     #[test]

@@ -487,6 +487,12 @@ pub struct PolicyDefaults {
     /// split on expected time alone. Both in [0, 1].
     pub split_tolerance: f64,
     pub split_min_confidence: f64,
+    /// The prior of how far a split's time scatters around the outcome it was predicted at (a
+    /// relative sd, in [0, 1]), worth eight splits; each engine's executed splits refine it
+    /// (`kvferry_model::calibration::SplitScatter`). An outcome predicted near the edge of
+    /// `split_tolerance` lands inside only about half the time, and the confidence counts that.
+    /// 0: outcomes exact until splits show otherwise.
+    pub split_noise: f64,
 }
 
 /// When the daemon hedges.
@@ -606,6 +612,7 @@ impl Default for PolicyDefaults {
             split_cpu_floor: true,
             split_tolerance: 0.15,
             split_min_confidence: 0.9,
+            split_noise: 0.03,
         }
     }
 }
@@ -869,6 +876,9 @@ impl Config {
         if !(0.0..=1.0).contains(&p.split_min_confidence) {
             return Err(invalid("policy.split_min_confidence", "must be in [0, 1]"));
         }
+        if !(0.0..=1.0).contains(&p.split_noise) {
+            return Err(invalid("policy.split_noise", "must be in [0, 1]"));
+        }
         if !(0.0..=1.0).contains(&p.eviction_hint_pool_use) {
             return Err(invalid("policy.eviction_hint_pool_use", "must be in [0, 1]"));
         }
@@ -1052,6 +1062,8 @@ mod tests {
             ("[policy]\nsplit_min_gain = 2", "policy.split_min_gain"),
             ("[policy]\nsplit_tolerance = -0.1", "policy.split_tolerance"),
             ("[policy]\nsplit_min_confidence = 1.5", "policy.split_min_confidence"),
+            ("[policy]\nsplit_noise = -0.01", "policy.split_noise"),
+            ("[policy]\nsplit_noise = nan", "policy.split_noise"),
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_min_gain_ms = -1", "policy.hedge_min_gain_ms"),
             ("[policy]\nhedge_min_gain_ms = nan", "policy.hedge_min_gain_ms"),

@@ -180,6 +180,7 @@ pub async fn execute(
             let pt = m.split.point;
             shared.calib.observe_split_outcome(
                 &p.engine.engine_id,
+                shared.config.policy.split_noise,
                 pt.on_time_seconds - plan.load_s,
                 pt.late_seconds - plan.load_s,
                 receipt.measured_s,

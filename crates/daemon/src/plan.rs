@@ -205,7 +205,7 @@ fn policy_of(shared: &Shared, r: &MigrateSessionRequest, block_size: u32) -> Pol
         split_interference: 0.0, // per engine: set in `prepare_with` once the engine is known
         split_tolerance: shared.config.policy.split_tolerance,
         split_min_confidence: shared.config.policy.split_min_confidence,
-        split_noise: 0.0, // per engine, learnt: set in `prepare_with` too
+        split_noise: 0.0, // per engine, learnt from the prior: set in `prepare_with` too
     }
 }
 
@@ -329,9 +329,11 @@ pub async fn prepare_with(
     let mut policy = policy_of(shared, r, block_size);
     policy.split_interference =
         shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
-    if shared.config.policy.calibrate {
-        policy.split_noise = shared.calib.split_scatter(&engine.engine_id).0;
-    }
+    policy.split_noise = if shared.config.policy.calibrate {
+        shared.calib.split_scatter(&engine.engine_id, shared.config.policy.split_noise).0
+    } else {
+        shared.config.policy.split_noise
+    };
     // The load the recompute calibration is evaluated at (and its sample recorded with): the
     // compute path's utilization by the cost model's rule — a busy fraction counts only while
     // something is queued. The engine's trailing busy fraction alone is history: right after a
