@@ -419,19 +419,40 @@ async fn a_fetch_is_priced_with_the_engines_load_once_it_has_loaded() {
     let row =
         text.lines().find(|l| l.trim_start().starts_with(&e.engine_id)).unwrap_or_else(|| panic!("{text}"));
     let load_gib: f64 =
-        row.split_whitespace().nth(7).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{row}"));
+        row.split_whitespace().nth(8).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{row}"));
     let want = e.load_s_per_byte * f64::from(1u32 << 30);
     assert!((load_gib - want).abs() <= 0.0005 + want * 1e-3, "{row}: {want} s/GiB");
 }
 
 /// A fetched prefix larger than one staging batch: region B's daemon runs with the smallest
-/// `limits.staging_bytes` (8 MiB), so the engine's `Load` of a 9,000-token prefix (~8.8 MiB at
-/// 1 KiB a token) writes its blocks in two batches through one reused staging buffer. B's next
-/// turn is warm for the whole prefix and bit-identical to a full recompute, and the daemon's
-/// load metrics count the call and every byte it wrote.
+/// `limits.staging_bytes` (8 MiB), and its engine hands over its pool through NIXL (a pool the
+/// daemon does not map, so `Load` goes through staging), so the engine's `Load` of a
+/// 9,000-token prefix (~8.8 MiB at 1 KiB a token) writes its blocks in two batches through one
+/// reused staging buffer. B's next turn is warm for the whole prefix and bit-identical to a
+/// full recompute, and the daemon's load metrics count the call and every byte it wrote. Needs
+/// NIXL's environment, as `nixl_pool_end_to_end`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_load_of_several_staging_batches_is_exact() {
+    if let Err(e) = kvferry_pool_nixl::ensure_nixl() {
+        panic!("this test needs NIXL: run `source deploy/install-nixl.sh` first ({e})");
+    }
+    let b = RegionSpec {
+        configure: Some(|c| c.limits.staging_bytes = 8 << 20),
+        engine_args: vec!["--pool".into(), "nixl".into()],
+        ..Default::default()
+    };
+    load_of_a_large_prefix_is_exact(b).await;
+}
+
+/// The same prefix into an shm pool, which the daemon maps: `Load` writes each landed block
+/// straight into it (`MemoryBackend::write_host`), no staging buffer whatever its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_load_into_a_mapped_pool_is_exact_without_staging() {
     let b = RegionSpec { configure: Some(|c| c.limits.staging_bytes = 8 << 20), ..Default::default() };
+    load_of_a_large_prefix_is_exact(b).await;
+}
+
+async fn load_of_a_large_prefix_is_exact(b: RegionSpec) {
     let cl = Cluster::start([RegionSpec::default(), b]);
     let (mut a, mut eb) = (cl.engine(0).await, cl.engine(1).await);
     let mut router_b = cl.router(1).await;

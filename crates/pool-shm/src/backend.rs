@@ -95,16 +95,23 @@ impl ShmBackend {
 
     fn write_now(&self, extents: &[Extent], staging: &Staging) -> Result<(), PoolError> {
         self.validate(extents, staging)?;
-        let src = staging.as_ptr();
+        self.scatter_from(extents, staging.as_slice());
+        Ok(())
+    }
+
+    /// Copies `src[0..sum(len)]` into `extents`, which passed `check_batch` against
+    /// `src.len()`.
+    fn scatter_from(&self, extents: &[Extent], src: &[u8]) {
+        let src = src.as_ptr();
         let mut at = 0usize;
         for e in extents {
             let n = e.len as usize;
-            // SAFETY: as in `read_now`: destination in bounds of the mapping, source in bounds
-            // of the (borrowed, private) staging buffer.
+            // SAFETY: as in `read_now`: `check_batch` proved the destination in bounds of the
+            // mapping and sum(len) <= the source's length, so `src + at .. + n` lies inside the
+            // borrowed source slice, which is private memory, not the mapping.
             unsafe { self.mapping.copy_in(self.file_offset(e), src.add(at), n) };
             at += n;
         }
-        Ok(())
     }
 }
 
@@ -133,5 +140,16 @@ impl MemoryBackend for ShmBackend {
     }
     fn write<'a>(&'a self, extents: &'a [Extent], staging: &'a Staging) -> BoxFut<'a, Result<(), PoolError>> {
         Box::pin(async move { self.write_now(extents, staging) })
+    }
+    fn writes_host(&self) -> bool {
+        true
+    }
+    fn write_host(&self, extents: &[Extent], bytes: &[u8]) -> Result<(), PoolError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(PoolError::Closed);
+        }
+        check_batch(&self.infos, extents, bytes.len(), self.id, self.id)?;
+        self.scatter_from(extents, bytes);
+        Ok(())
     }
 }

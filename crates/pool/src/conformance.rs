@@ -289,6 +289,7 @@ pub fn run_all(fx: &dyn Fixture) {
         engine_layouts(fx, seed);
         out_of_bounds_writes_nothing(fx, seed);
         concurrent_disjoint(fx, seed);
+        host_writes(fx, seed);
     }
     staging_too_small(fx);
     foreign_staging(fx);
@@ -518,6 +519,65 @@ pub fn out_of_bounds_writes_nothing(fx: &dyn Fixture, seed: u64) {
         }
     }
     ctx.ok("5 variants, write+read");
+}
+
+/// Writes straight from host memory (`write_host`). Where the backend has them
+/// (`writes_host`), random batches land in the engine's memory as `write` puts them, and a
+/// batch with an out-of-bounds extent, or bytes one short, is refused with nothing written;
+/// where it has none, `write_host` refuses with nothing written.
+pub fn host_writes(fx: &dyn Fixture, seed: u64) {
+    let rt = runtime();
+    let mut rng = Rng::new(seed ^ 0x0405);
+    let layout = RandomLayout::generate(&mut rng);
+    let (mut pool, ctx) = create(fx, &rt, &layout.region_lens, "host_writes", seed);
+    pool.prefill(&ctx, &mut rng);
+    let batch = |rng: &mut Rng| {
+        let mut blocks = layout.random_blocks(rng);
+        if blocks.is_empty() {
+            blocks.push(0);
+        }
+        let extents = layout.extents(&blocks);
+        let total: u64 = extents.iter().map(|e| e.len).sum();
+        let slack = rng.range(0, 40) as usize;
+        let bytes = rng.bytes(total as usize + slack);
+        (extents, total as usize, bytes)
+    };
+    if !pool.backend.writes_host() {
+        let (extents, _, bytes) = batch(&mut rng);
+        if pool.backend.write_host(&extents, &bytes).is_ok() {
+            ctx.fail("write_host succeeded on a backend without host writes");
+        }
+        pool.verify_all(&ctx, "after a refused host write");
+        ctx.ok("no host writes: refused, nothing written");
+        return;
+    }
+    for round in 0..4 {
+        let (extents, total, bytes) = batch(&mut rng);
+        pool.backend.write_host(&extents, &bytes).unwrap_or_else(|e| {
+            ctx.fail(format!(
+                "round {round}: host write of {} extents ({total} B) failed: {e}",
+                extents.len()
+            ))
+        });
+        scatter(&mut pool.shadow, &extents, &bytes[..total]);
+        pool.verify_all(&ctx, &format!("round {round} after a host write"));
+    }
+    let (extents, total, bytes) = batch(&mut rng);
+    match pool.backend.write_host(&extents, &bytes[..total - 1]) {
+        Err(PoolError::StagingSize { needed, got }) if needed == total as u64 && got == total as u64 - 1 => {}
+        other => ctx.fail(format!("bytes one short: got {other:?}")),
+    }
+    pool.verify_all(&ctx, "after a host write one byte short");
+    let mut bad = extents.clone();
+    let r = rng.range(0, layout.region_lens.len() as u64 - 1) as u32;
+    let rl = layout.region_lens[r as usize];
+    bad.push(Extent { region: r, offset: rl, len: 1 });
+    match pool.backend.write_host(&bad, &rng.bytes(total + 1)) {
+        Err(PoolError::OutOfBounds { region, region_len, .. }) if region == r && region_len == rl => {}
+        other => ctx.fail(format!("out-of-bounds extent: got {other:?}")),
+    }
+    pool.verify_all(&ctx, "after a refused out-of-bounds host write");
+    ctx.ok("4 batches, one short and one out of bounds refused");
 }
 
 /// A staging buffer one byte short is refused (`StagingSize`) with nothing written.

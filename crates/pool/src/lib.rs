@@ -130,6 +130,25 @@ pub trait MemoryBackend: Send + Sync {
     ) -> BoxFut<'a, Result<(), PoolError>>;
     /// Scatter: copy `staging[0..sum(len)]` into `extents` (in order).
     fn write<'a>(&'a self, extents: &'a [Extent], staging: &'a Staging) -> BoxFut<'a, Result<(), PoolError>>;
+    /// Whether [`MemoryBackend::write_host`] copies straight from host memory (a pool this
+    /// process maps, as shm's). False by default.
+    fn writes_host(&self) -> bool {
+        false
+    }
+    /// Scatter `bytes[0..sum(len)]` into `extents` (in order) straight from host memory, under
+    /// `write`'s contract (validated in full before the first byte moves, `bytes` standing for
+    /// the staging buffer; a refused batch writes nothing), without a staging buffer: one copy
+    /// instead of two, and no buffer to allocate. Only where [`MemoryBackend::writes_host`];
+    /// elsewhere it refuses with nothing written, and the caller copies into a staging buffer
+    /// and calls `write`.
+    fn write_host(&self, extents: &[Extent], bytes: &[u8]) -> Result<(), PoolError> {
+        let _ = (extents, bytes);
+        Err(PoolError::Backend {
+            backend: self.name(),
+            retryable: false,
+            detail: "no writes from host memory: write through a staging buffer".into(),
+        })
+    }
 }
 
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
