@@ -529,7 +529,6 @@ impl Engine for EngineService {
         self.shared.landing.lease(&hashes);
         let started = Instant::now();
         let sizes: Vec<usize> = plan.iter().map(|(_, landed)| landed.bytes.len()).collect();
-        let batches = load_batches(&sizes, load_batch_bytes(self.shared.config.limits.staging_bytes));
         let result: Result<(), DaemonError> = async {
             // A pool in host memory this daemon maps (shm) takes each landed block straight
             // from the landing zone: one copy, and no staging buffer, whose first use in each
@@ -541,6 +540,7 @@ impl Engine for EngineService {
                 }
                 return Ok(());
             }
+            let batches = load_batches(&sizes, load_batch_bytes(self.shared.config.limits.staging_bytes));
             // One staging buffer for the whole call, reused by every batch (module doc of
             // `load_batch_bytes`), of a recyclable size (`load_staging_bytes`). Each batch
             // overwrites the prefix it writes to the pool, so a recycled buffer is not zeroed

@@ -64,11 +64,13 @@ impl ShmBackend {
         self.close_handle().close();
     }
 
-    fn validate(&self, extents: &[Extent], staging: &Staging) -> Result<u64, PoolError> {
+    /// Checks a batch against a buffer of `len` bytes owned by backend `owner` (a staging
+    /// buffer's, or this backend's own id for host memory passed to `write_host`).
+    fn validate(&self, extents: &[Extent], len: usize, owner: u64) -> Result<u64, PoolError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(PoolError::Closed);
         }
-        check_batch(&self.infos, extents, staging.len(), staging.owner(), self.id)
+        check_batch(&self.infos, extents, len, owner, self.id)
     }
 
     /// File offset of an extent that passed `check_batch` (in bounds of its region, whose
@@ -78,7 +80,7 @@ impl ShmBackend {
     }
 
     fn read_now(&self, extents: &[Extent], staging: &mut Staging) -> Result<(), PoolError> {
-        self.validate(extents, staging)?;
+        self.validate(extents, staging.len(), staging.owner())?;
         let dst = staging.as_mut_ptr();
         let mut at = 0usize;
         for e in extents {
@@ -94,7 +96,7 @@ impl ShmBackend {
     }
 
     fn write_now(&self, extents: &[Extent], staging: &Staging) -> Result<(), PoolError> {
-        self.validate(extents, staging)?;
+        self.validate(extents, staging.len(), staging.owner())?;
         self.scatter_from(extents, staging.as_slice());
         Ok(())
     }
@@ -145,10 +147,7 @@ impl MemoryBackend for ShmBackend {
         true
     }
     fn write_host(&self, extents: &[Extent], bytes: &[u8]) -> Result<(), PoolError> {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(PoolError::Closed);
-        }
-        check_batch(&self.infos, extents, bytes.len(), self.id, self.id)?;
+        self.validate(extents, bytes.len(), self.id)?;
         self.scatter_from(extents, bytes);
         Ok(())
     }
