@@ -79,6 +79,37 @@ def split_scope() -> None:
             print(f"| {n} | {prof} | {len(sp)} | {within} | {len(scope)} | {fast} | {slow} |")
 
 
+def fetch_per_token(r: dict, prof: str) -> float:
+    """The profile's measured fetch seconds per token: the least-squares slope of the measured
+    fetches (the engine's load included) against their prefix lengths, its fixed cost (the round
+    trips) the intercept."""
+    pts = [(d["prefix_tokens"], d["measured_fetch_s"]) for d in r["decisions"] if d["link"]["profile"] == prof]
+    if len(pts) < 2:
+        return float("nan")
+    return statistics.linear_regression([x for x, _ in pts], [y for _, y in pts]).slope
+
+
+def split_scope_per_token() -> None:
+    """The same target with issue 13's own scope: where the two per-token costs are within 4x.
+    Per token: a fetch's marginal seconds per token (the slope above; a split cannot halve the
+    fetch's round trips, only its bytes) and a recompute's measured seconds per token at that
+    prefix. `split_scope` above scopes by the two whole costs, round trips included."""
+    print("| run | profile | fetch ms/token | splits in scope (per-token costs within 4×) | in scope ≥ 20 % faster | their gains % |")
+    print("|---|---|---:|---:|---:|---|")
+    for n, r in reports:
+        profs = []
+        for d in r["decisions"]:
+            if d["link"]["profile"] not in profs:
+                profs.append(d["link"]["profile"])
+        for prof in profs:
+            b = fetch_per_token(r, prof)
+            sp = [s for s in r["splits"] if s["link"]["profile"] == prof]
+            scope = [s for s in sp if b > 0 and max(b, s["measured_recompute_s"] / s["prefix_tokens"]) / min(b, s["measured_recompute_s"] / s["prefix_tokens"]) <= 4.0]
+            gains = [1 - s["measured_split_s"] / min(s["measured_fetch_s"], s["measured_recompute_s"]) for s in scope]
+            fast = sum(g >= 0.2 for g in gains)
+            print(f"| {n} | {prof} | {1e3 * b:.3f} | {len(scope)} of {len(sp)} | {fast} | {', '.join(f'{100 * g:.0f}' for g in gains)} |")
+
+
 def baselines() -> None:
     print("| profile | " + " | ".join(f"{n}: kvferry ÷ tcp-tls / nixl-ucx-tcp / quinn-defaults (256 MiB)" for n, _ in reports) + " |")
     print("|---|" + "---|" * len(reports))
@@ -125,7 +156,7 @@ def calibrated_error() -> None:
         print(f"| {n} | " + " | ".join(cells) + " |")
 
 
-for f in (transfers, baselines, decisions, bands, calibrated_error, splits, split_scope):
+for f in (transfers, baselines, decisions, bands, calibrated_error, splits, split_scope, split_scope_per_token):
     f()
     print()
 sys.exit(0)

@@ -251,12 +251,13 @@ pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
     if !r.engines.is_empty() {
         println!("engines (calibrated from executed migrations):");
         println!(
-            "  {:<20} {:>13} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6} {:>12} {:>6}",
+            "  {:<20} {:>13} {:>8} {:>8} {:>8} {:>8} {:>6} {:>8} {:>6} {:>12} {:>6}",
             "engine",
             "prefill ms/t",
             "samples",
             "split_i",
             "split_sd",
+            "split_ms",
             "n",
             "hedge_i",
             "n",
@@ -265,12 +266,13 @@ pub async fn links(a: &LinksArgs) -> anyhow::Result<()> {
         );
         for e in r.engines {
             println!(
-                "  {:<20} {:>13.4} {:>8} {:>8.3} {:>8.3} {:>6} {:>8.3} {:>6} {:>12.3} {:>6}",
+                "  {:<20} {:>13.4} {:>8} {:>8.3} {:>8.3} {:>8.2} {:>6} {:>8.3} {:>6} {:>12.3} {:>6}",
                 e.engine_id,
                 e.linear_s_per_token * 1e3,
                 e.calibration_samples,
                 e.split_interference,
                 e.split_scatter,
+                e.split_overhead_s * 1e3,
                 e.split_samples,
                 e.hedge_interference,
                 e.hedge_samples,

@@ -12,14 +12,16 @@
 //! same two actions racing) starts at `[policy] hedge_interference`, follows the split's once
 //! that is measured, and the executed hedges' own once there are any. An engine's load rate
 //! (seconds per byte to copy fetched blocks into its pool, `Engine.Load`) is 0 until it has
-//! loaded a block of a fetch, then the median of its recent loads ([`LoadCalibration`]).
+//! loaded a block of a fetch, then the median of its recent loads ([`LoadCalibration`]). An
+//! engine's split scatter and split overhead start at `[policy] split_noise` and
+//! `split_overhead_ms` and follow its executed splits ([`SplitScatter`], [`SplitOverhead`]).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use kvferry_model::calibration::{
     FetchEstimate, FetchSpread, FitConfig, InterferenceCalibration, LoadCalibration, RecomputeEstimate,
-    RecomputeSpread, SplitScatter,
+    RecomputeSpread, SplitOverhead, SplitScatter,
 };
 use kvferry_model::{
     CalibrationError, ComputeModel, FetchCalibration, FetchObservation, LinkModel, RecomputeCalibration,
@@ -42,6 +44,7 @@ pub struct Calibrations {
     recompute: Mutex<HashMap<String, EngineCal>>,
     split: Mutex<HashMap<String, InterferenceCalibration>>,
     scatter: Mutex<HashMap<String, SplitScatter>>,
+    overhead: Mutex<HashMap<String, SplitOverhead>>,
     hedge: Mutex<HashMap<String, InterferenceCalibration>>,
     load: Mutex<HashMap<String, LoadCalibration>>,
 }
@@ -194,6 +197,34 @@ impl Calibrations {
             },
         };
         log_refused("split scatter", engine_id, cal.observe(on_time_s, late_s, measured_s));
+    }
+
+    /// The overhead to plan `engine_id`'s next split with, in seconds (`prior` until its first
+    /// split), and the splits it was measured from.
+    pub fn split_overhead(&self, engine_id: &str, prior: f64) -> (f64, u64) {
+        self.overhead.locked().get(engine_id).map_or((prior, 0), |c| (c.estimate(), c.samples()))
+    }
+
+    /// Folds in one executed split of `engine_id`: its wall and its two legs, each timed by
+    /// this daemon from the legs' common start. `prior` starts the engine's overhead if this is
+    /// its first split.
+    pub fn observe_split_overhead(
+        &self,
+        engine_id: &str,
+        prior: f64,
+        wall_s: f64,
+        compute_leg_s: f64,
+        fetch_leg_s: f64,
+    ) {
+        let mut all = self.overhead.locked();
+        let cal = match all.get_mut(engine_id) {
+            Some(c) => c,
+            None => match SplitOverhead::new(prior) {
+                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
+                Err(e) => return log_refused("split overhead", engine_id, Err(e)),
+            },
+        };
+        log_refused("split overhead", engine_id, cal.observe(wall_s, compute_leg_s, fetch_leg_s));
     }
 
     /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
@@ -363,6 +394,20 @@ mod tests {
         c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
         assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
         assert_eq!(c.split_state("e", 9.0).1, 2);
+    }
+
+    #[test]
+    fn split_overhead_is_the_prior_until_a_split_of_that_engine_then_measured() {
+        let c = Calibrations::default();
+        assert_eq!(c.split_overhead("e", 0.005), (0.005, 0));
+        c.observe_split_overhead("e", 0.005, 0.2001, 0.2, 0.15);
+        let (o, n) = c.split_overhead("e", 0.005);
+        assert!((o - (0.005 + 0.0001) / 2.0).abs() < 1e-12 && n == 1, "{o} {n}");
+        c.observe_split_overhead("e", 0.005, 0.1, 0.2, 0.15); // a leg longer than the wall: refused, logged
+        assert_eq!(c.split_overhead("e", 0.05), (o, 1), "the prior no longer applies");
+        assert_eq!(c.split_overhead("other", 0.0), (0.0, 0), "per engine");
+        c.observe_split_overhead("bad", f64::NAN, 0.2, 0.1, 0.1); // a bad prior: refused, logged
+        assert_eq!(c.split_overhead("bad", 0.002), (0.002, 0));
     }
 
     #[test]

@@ -431,6 +431,8 @@ pub const MAX_WORKER_THREADS: u32 = 1024;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyDefaults {
+    /// Seconds (in ms) a real split costs beyond its slower leg: the prior of each engine's
+    /// overhead, which executed splits then measure (with `calibrate`; as is without).
     pub split_overhead_ms: f64,
     pub split_min_gain: f64,
     /// Send eviction hints: after a peer fetched a whole chain of blocks out of an engine's
@@ -846,8 +848,8 @@ impl Config {
             return Err(invalid("transfer.recv_coalesce_us", "must be between 0 and 20000"));
         }
         let p = &self.policy;
-        if !(p.split_overhead_ms.is_finite() && p.split_overhead_ms >= 0.0) {
-            return Err(invalid("policy.split_overhead_ms", "must be >= 0"));
+        if !(p.split_overhead_ms.is_finite() && (0.0..=60_000.0).contains(&p.split_overhead_ms)) {
+            return Err(invalid("policy.split_overhead_ms", "must be between 0 and 60000"));
         }
         if !(p.hedge_band_z.is_finite() && p.hedge_band_z >= 0.0) {
             return Err(invalid("policy.hedge_band_z", "must be >= 0"));
@@ -1063,6 +1065,8 @@ mod tests {
             ("[policy]\nsplit_tolerance = -0.1", "policy.split_tolerance"),
             ("[policy]\nsplit_min_confidence = 1.5", "policy.split_min_confidence"),
             ("[policy]\nsplit_noise = -0.01", "policy.split_noise"),
+            ("[policy]\nsplit_overhead_ms = -1", "policy.split_overhead_ms"),
+            ("[policy]\nsplit_overhead_ms = 1e9", "policy.split_overhead_ms"),
             ("[policy]\nsplit_noise = nan", "policy.split_noise"),
             ("[policy]\nhedge_min_gain = 1", "policy.hedge_min_gain"),
             ("[policy]\nhedge_min_gain_ms = -1", "policy.hedge_min_gain_ms"),

@@ -174,6 +174,14 @@ pub async fn execute(
             executed_predicted_s,
             receipt.measured_s,
         );
+        // Its overhead, measured directly: the wall beyond the slower leg.
+        shared.calib.observe_split_overhead(
+            &p.engine.engine_id,
+            shared.config.policy.split_overhead_ms / 1000.0,
+            receipt.wall_s,
+            receipt.split_compute_leg_s,
+            receipt.split_fetch_leg_s,
+        );
         // And its scatter, against the nearer of the two outcomes it was planned with (the
         // same executed part: the engine's load comes after).
         if let Some(m) = &plan.model {

@@ -329,6 +329,9 @@ pub async fn prepare_with(
     let mut policy = policy_of(shared, r, block_size);
     policy.split_interference =
         shared.calib.split_interference(&engine.engine_id, shared.config.policy.split_interference);
+    if shared.config.policy.calibrate {
+        policy.split_overhead_s = shared.calib.split_overhead(&engine.engine_id, policy.split_overhead_s).0;
+    }
     policy.split_noise = if shared.config.policy.calibrate {
         shared.calib.split_scatter(&engine.engine_id, shared.config.policy.split_noise).0
     } else {
@@ -859,7 +862,7 @@ pub fn engine_calibration(
     engine_id: &str,
     reported: crate::registry::Profile,
     e: &kvferry_model::calibration::RecomputeEstimate,
-    (split_interference, split_samples, split_scatter): (f64, u64, f64),
+    (split_interference, split_samples, split_scatter, split_overhead_s): (f64, u64, f64, f64),
     (hedge_interference, hedge_samples): (f64, u64),
     (load_s_per_byte, load_samples): (f64, u64),
 ) -> kvferry_proto::v1::EngineCalibration {
@@ -880,6 +883,7 @@ pub fn engine_calibration(
         load_s_per_byte,
         load_samples: load_samples.min(u64::from(u32::MAX)) as u32,
         split_scatter,
+        split_overhead_s,
     }
 }
 

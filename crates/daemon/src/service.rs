@@ -210,7 +210,12 @@ impl Migration for MigrationService {
             .map(|(id, reported, e)| {
                 let policy = &self.shared.config.policy;
                 let (split_i, split_n) = self.shared.calib.split_state(id, policy.split_interference);
-                let split = (split_i, split_n, self.shared.calib.split_scatter(id, policy.split_noise).0);
+                let split = (
+                    split_i,
+                    split_n,
+                    self.shared.calib.split_scatter(id, policy.split_noise).0,
+                    self.shared.calib.split_overhead(id, policy.split_overhead_ms / 1000.0).0,
+                );
                 let hedge = self.shared.calib.hedge_state(id, policy.hedge_interference);
                 engine_calibration(id, *reported, e, split, hedge, self.shared.calib.load_state(id))
             })

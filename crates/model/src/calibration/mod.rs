@@ -24,6 +24,9 @@
 //! - [`LoadCalibration`] (one per engine): seconds per byte for the engine to load fetched
 //!   blocks into its pool after they landed, part of a fetch's cost
 //!   ([`Scenario::load_s_per_byte`](crate::Scenario::load_s_per_byte)).
+//! - [`SplitScatter`] and [`SplitOverhead`] (one each per engine): how far executed splits land
+//!   from their predicted outcomes, and what a split costs beyond its slower leg, measured
+//!   directly (its wall minus that leg).
 //!
 //! All of it is a pure function of values passed in: the daemon owns one calibration per peer
 //! and per engine, feeds it each executed migration's measured figures, and passes the
@@ -77,6 +80,7 @@ pub(crate) mod fit;
 pub mod hedge;
 pub mod interference;
 pub mod load;
+pub mod overhead;
 pub mod recompute;
 pub mod scatter;
 pub mod tail;
@@ -93,6 +97,7 @@ pub(crate) use hedge::normal_cdf;
 pub use hedge::{HedgeChoice, HedgeDecision, HedgePolicy, HedgeReason, hedge};
 pub use interference::InterferenceCalibration;
 pub use load::LoadCalibration;
+pub use overhead::SplitOverhead;
 pub use recompute::{RecomputeCalibration, RecomputeEstimate, RecomputeObservation, RecomputeSpread};
 pub use scatter::SplitScatter;
 pub use tail::{TailCalibration, TailEstimate};
