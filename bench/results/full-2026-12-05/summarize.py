@@ -59,6 +59,11 @@ def splits() -> None:
         print(f"| {n} | {len(sp)} | {sum(e <= 0.10 for e in err)} | {sum(e <= 0.15 for e in err)} | {sum(b <= 0.8 for b in best)} | {sum(b > 1.0 for b in best)} |")
 
 
+def decision_profiles(r: dict) -> list:
+    """The profiles of a run's decision sweeps, in the order they ran."""
+    return list(dict.fromkeys(d["link"]["profile"] for d in r["decisions"]))
+
+
 def split_scope() -> None:
     """Issue 13's split target per run: within 15 % of modeled; where the measured per-token
     costs are within 4x, >= 20 % faster than the better pure action; and what each profile
@@ -66,11 +71,7 @@ def split_scope() -> None:
     print("| run | profile | splits | within 15 % | in scope (costs within 4×) | in scope ≥ 20 % faster | slower than best pure |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for n, r in reports:
-        profs = []
-        for d in r["decisions"]:
-            if d["link"]["profile"] not in profs:
-                profs.append(d["link"]["profile"])
-        for prof in profs:
+        for prof in decision_profiles(r):
             sp = [s for s in r["splits"] if s["link"]["profile"] == prof]
             within = sum(abs(s["measured_split_s"] / s["predicted_split_s"] - 1) <= 0.15 for s in sp)
             scope = [s for s in sp if max(s["measured_fetch_s"], s["measured_recompute_s"]) / min(s["measured_fetch_s"], s["measured_recompute_s"]) <= 4.0]
@@ -97,11 +98,7 @@ def split_scope_per_token() -> None:
     print("| run | profile | fetch ms/token | splits in scope (per-token costs within 4×) | in scope ≥ 20 % faster | their gains % |")
     print("|---|---|---:|---:|---:|---|")
     for n, r in reports:
-        profs = []
-        for d in r["decisions"]:
-            if d["link"]["profile"] not in profs:
-                profs.append(d["link"]["profile"])
-        for prof in profs:
+        for prof in decision_profiles(r):
             b = fetch_per_token(r, prof)
             sp = [s for s in r["splits"] if s["link"]["profile"] == prof]
             scope = [s for s in sp if b > 0 and max(b, s["measured_recompute_s"] / s["prefix_tokens"]) / min(b, s["measured_recompute_s"] / s["prefix_tokens"]) <= 4.0]

@@ -188,15 +188,13 @@ impl Calibrations {
         late_s: f64,
         measured_s: f64,
     ) {
-        let mut all = self.scatter.locked();
-        let cal = match all.get_mut(engine_id) {
-            Some(c) => c,
-            None => match SplitScatter::new(prior) {
-                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
-                Err(e) => return log_refused("split scatter", engine_id, Err(e)),
-            },
-        };
-        log_refused("split scatter", engine_id, cal.observe(on_time_s, late_s, measured_s));
+        observe_engine(
+            &self.scatter,
+            "split scatter",
+            engine_id,
+            || SplitScatter::new(prior),
+            |c| c.observe(on_time_s, late_s, measured_s),
+        );
     }
 
     /// The overhead to plan `engine_id`'s next split with, in seconds (`prior` until its first
@@ -216,15 +214,13 @@ impl Calibrations {
         compute_leg_s: f64,
         fetch_leg_s: f64,
     ) {
-        let mut all = self.overhead.locked();
-        let cal = match all.get_mut(engine_id) {
-            Some(c) => c,
-            None => match SplitOverhead::new(prior) {
-                Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
-                Err(e) => return log_refused("split overhead", engine_id, Err(e)),
-            },
-        };
-        log_refused("split overhead", engine_id, cal.observe(wall_s, compute_leg_s, fetch_leg_s));
+        observe_engine(
+            &self.overhead,
+            "split overhead",
+            engine_id,
+            || SplitOverhead::new(prior),
+            |c| c.observe(wall_s, compute_leg_s, fetch_leg_s),
+        );
     }
 
     /// The interference to price `engine_id`'s next hedge with: learnt from its executed hedges;
@@ -282,15 +278,33 @@ fn observe_interference(
     predicted_s: f64,
     measured_s: f64,
 ) {
-    let mut all = map.locked();
+    observe_engine(
+        map,
+        what,
+        engine_id,
+        || InterferenceCalibration::new(prior),
+        |c| c.observe(used, predicted_s, measured_s),
+    );
+}
+
+/// Folds one sample into `engine_id`'s calibration in `all`, started by `new` if this is its
+/// first; a refused prior or sample is logged and changes nothing.
+fn observe_engine<T>(
+    all: &Mutex<HashMap<String, T>>,
+    what: &str,
+    engine_id: &str,
+    new: impl FnOnce() -> Result<T, CalibrationError>,
+    observe: impl FnOnce(&mut T) -> Result<(), CalibrationError>,
+) {
+    let mut all = all.locked();
     let cal = match all.get_mut(engine_id) {
         Some(c) => c,
-        None => match InterferenceCalibration::new(prior) {
+        None => match new() {
             Ok(c) => all.entry(engine_id.to_owned()).or_insert(c),
             Err(e) => return log_refused(what, engine_id, Err(e)),
         },
     };
-    log_refused(what, engine_id, cal.observe(used, predicted_s, measured_s));
+    log_refused(what, engine_id, observe(cal));
 }
 
 fn log_refused(what: &str, key: &str, r: Result<(), CalibrationError>) {
