@@ -133,9 +133,10 @@ async fn an_executed_split_calibrates_the_split_interference() {
     assert_ne!(engine.split_scatter, 0.03, "the split is counted: {engine:?}");
     let first_scatter = engine.split_scatter;
     // Its overhead, the wall beyond the later leg, measured and pooled with the prior
-    // (`[policy] split_overhead_ms`, 5 ms) worth one split.
+    // (`[policy] split_overhead_ms`, 0.5 ms by default) worth one split.
+    let prior = kvferry_daemon::config::Config::default().policy.split_overhead_ms / 1000.0;
     let overhead = |r: &kvferry_proto::v1::Receipt| r.wall_s - r.split_compute_leg_s.max(r.split_fetch_leg_s);
-    let want = (0.005 + overhead(&r)) / 2.0;
+    let want = (prior + overhead(&r)) / 2.0;
     assert!((engine.split_overhead_s - want).abs() < 1e-12, "{engine:?}: {want}");
     // A second does. Both were planned with 0 (the prior, then the anchored median), so each
     // slowdown is measured / predicted (at least 1), and the median of 1 and the two is the
@@ -149,7 +150,7 @@ async fn an_executed_split_calibrates_the_split_interference() {
     assert!(engine.split_scatter > 0.0 && engine.split_scatter <= 1.0, "{engine:?}");
     assert_ne!(engine.split_scatter, first_scatter, "the second split is counted: {engine:?}");
     // The overhead: the prior and the median of the two (their mean), three to one.
-    let want = (0.005 + 2.0 * (overhead(&r) + overhead(&r2)) / 2.0) / 3.0;
+    let want = (prior + 2.0 * (overhead(&r) + overhead(&r2)) / 2.0) / 3.0;
     assert!((engine.split_overhead_s - want).abs() < 1e-12, "{engine:?}: {want}");
     let slowdown = |r: &kvferry_proto::v1::Receipt| (r.measured_s / r.predicted_s).clamp(1.0, 5.0);
     let expected = slowdown(&r).min(slowdown(&r2)) - 1.0;

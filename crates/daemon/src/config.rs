@@ -599,7 +599,7 @@ impl Default for Transfer {
 impl Default for PolicyDefaults {
     fn default() -> Self {
         Self {
-            split_overhead_ms: 5.0,
+            split_overhead_ms: 0.5,
             split_min_gain: 0.05,
             eviction_hints: true,
             eviction_hint_pool_use: 0.9,
