@@ -64,11 +64,7 @@ impl InterferenceCalibration {
         let predicted = sample_seconds("split predicted seconds", predicted_s)?;
         let measured = sample_seconds("split measured seconds", measured_s)?;
         let slowdown = ((1.0 + used) * measured / predicted).clamp(1.0, 1.0 + MAX_INTERFERENCE);
-        if self.window.len() == WINDOW {
-            self.window.pop_front();
-        }
-        self.window.push_back(slowdown);
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, slowdown);
         v.resize(v.len().max(ANCHOR_SAMPLES), 1.0 + self.prior);
         self.estimate = (crate::calibration::median_of(&mut v) - 1.0).clamp(0.0, MAX_INTERFERENCE);
         self.samples += 1;

@@ -45,11 +45,7 @@ impl LoadCalibration {
         if bytes < MIN_LOAD_BYTES {
             return Ok(false);
         }
-        if self.window.len() == LOAD_WINDOW {
-            self.window.pop_front();
-        }
-        self.window.push_back(seconds / bytes as f64);
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        let mut v = super::push_recent(&mut self.window, LOAD_WINDOW, seconds / bytes as f64);
         self.median = Some(super::median_of(&mut v));
         self.samples += 1;
         Ok(true)

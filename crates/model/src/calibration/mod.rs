@@ -230,6 +230,16 @@ pub fn calibrated(
     Ok(out)
 }
 
+/// Appends `x` to `window`, dropping its oldest value once it holds `cap`, and returns a copy
+/// of what it holds now (for a median, which sorts).
+pub(crate) fn push_recent(window: &mut std::collections::VecDeque<f64>, cap: usize, x: f64) -> Vec<f64> {
+    if window.len() >= cap {
+        window.pop_front();
+    }
+    window.push_back(x);
+    window.iter().copied().collect()
+}
+
 /// Median of a non-empty slice (mean of the middle two for even lengths); sorts it.
 pub(crate) fn median_of(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

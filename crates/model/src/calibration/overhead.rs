@@ -62,11 +62,7 @@ impl SplitOverhead {
         if legs > wall {
             return Err(CalibrationError::Implausible { field: "split leg seconds", value: legs, max: wall });
         }
-        if self.window.len() == WINDOW {
-            self.window.pop_front();
-        }
-        self.window.push_back(wall - legs);
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, wall - legs);
         let n = v.len() as f64;
         let median = crate::calibration::median_of(&mut v);
         self.estimate = (PRIOR_WEIGHT * self.prior + n * median) / (PRIOR_WEIGHT + n);

@@ -62,11 +62,7 @@ impl SplitScatter {
             .map(|x| measured / x - 1.0)
             .into_iter()
             .fold(f64::INFINITY, |a, b| if b.abs() < a.abs() { b } else { a });
-        if self.window.len() == WINDOW {
-            self.window.pop_front();
-        }
-        self.window.push_back(r.abs());
-        let mut v: Vec<f64> = self.window.iter().copied().collect();
+        let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, r.abs());
         let n = v.len() as f64;
         let mad = (MAD_TO_SD * crate::calibration::median_of(&mut v)).min(MAX_SCATTER);
         let var = (PRIOR_WEIGHT * self.prior * self.prior + n * mad * mad) / (PRIOR_WEIGHT + n);
