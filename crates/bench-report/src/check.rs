@@ -80,7 +80,6 @@ pub fn check(r: &BenchReport) -> Vec<String> {
             ("fetch_leg_s", s.fetch_leg_s),
             ("predicted_compute_leg_s", s.predicted_compute_leg_s),
             ("predicted_fetch_leg_s", s.predicted_fetch_leg_s),
-            ("predicted_overlap_s", s.predicted_overlap_s),
             ("host_steal_s", s.host_steal_s.unwrap_or(0.0)),
         ] {
             non_negative(&what, name, v, &mut out);

@@ -142,10 +142,6 @@ pub struct SplitPoint {
     pub predicted_compute_leg_s: f64,
     #[serde(default)]
     pub predicted_fetch_leg_s: f64,
-    /// The seconds the plan priced the legs as running at once, what its interference was
-    /// charged on (0 in reports from before it was).
-    #[serde(default)]
-    pub predicted_overlap_s: f64,
     /// CPU time the host's hypervisor took from its virtual CPUs during the split (`steal` in
     /// `/proc/stat`, summed over the CPUs); absent where it could not be read.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -122,7 +122,6 @@ fn split(link: &LinkSpec, tokens: u64, recompute_tokens: u64) -> SplitPoint {
         fetch_leg_s: predicted * 1.06,
         predicted_compute_leg_s: recompute_s(recompute_tokens),
         predicted_fetch_leg_s: predicted - 0.01,
-        predicted_overlap_s: recompute_s(recompute_tokens).min(predicted - 0.01),
         host_steal_s: Some(0.0),
         load_s: 0.0,
         queue_drops: Some(0),

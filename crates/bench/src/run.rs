@@ -941,7 +941,6 @@ async fn decisions(
                 fetch_leg_s: split.receipt.split_fetch_leg_s,
                 predicted_compute_leg_s: split.receipt.predicted_compute_leg_s,
                 predicted_fetch_leg_s: split.receipt.predicted_fetch_leg_s,
-                predicted_overlap_s: split.receipt.predicted_overlap_s,
                 host_steal_s,
                 load_s: split_load_s,
                 queue_drops: Some(queue_drops),

@@ -110,11 +110,7 @@ async fn capped(cluster: &Cluster, session: &str, salt: u64) -> MigrateSessionRe
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_executed_split_calibrates_the_split_interference() {
-    // The target plans with a 20 Mbit/s path (its expected goodput; split legs do not calibrate
-    // the fetch), so the capped prefix's fetch leg is priced as streaming for about half its
-    // prefill: enough overlap for each split to calibrate the interference.
-    let slow = RegionSpec { configure: Some(|c| c.peers[0].gbps = 0.02), ..Default::default() };
-    let cluster = Cluster::start([RegionSpec::default(), slow]);
+    let cluster = Cluster::start([RegionSpec::default(), RegionSpec::default()]);
     let mut b = cluster.router(1).await;
     let req = capped(&cluster, "split-cal", 4242).await;
     let (d, r) = migrate(&mut b, req).await;
@@ -129,13 +125,7 @@ async fn an_executed_split_calibrates_the_split_interference() {
     assert!(r.predicted_compute_leg_s.max(r.predicted_fetch_leg_s) <= r.predicted_s + 1e-9, "{r:?}");
     let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
-    // The plan priced the legs as overlapping for part of the split: the prefill beside the
-    // fetch's streaming.
-    assert!(r.predicted_overlap_s > 0.0 && r.predicted_overlap_s <= r.predicted_s, "{r:?}");
-    // One split does not outvote the prior 0 (the median of 1, 1 and its slowdown); one that
-    // overlapped for under a quarter of its time is not counted at all.
-    let informative = |r: &kvferry_proto::v1::Receipt| r.predicted_overlap_s >= 0.25 * r.predicted_s;
-    assert!(informative(&r), "{r:?}");
+    // One split does not outvote the prior 0 (the median of 1, 1 and its slowdown).
     assert_eq!((engine.split_samples, engine.split_interference), (1, 0.0), "{engine:?}");
     // The split's scatter around the outcome it was predicted at: the prior (`[policy]
     // split_noise`, 3 %) pooled with this one split.
@@ -148,25 +138,22 @@ async fn an_executed_split_calibrates_the_split_interference() {
     let overhead = |r: &kvferry_proto::v1::Receipt| r.wall_s - r.split_compute_leg_s.max(r.split_fetch_leg_s);
     let want = (prior + overhead(&r)) / 2.0;
     assert!((engine.split_overhead_s - want).abs() < 1e-12, "{engine:?}: {want}");
-    // A second does. Both were planned with 0 (the prior, then the anchored median).
+    // A second does. Both were planned with 0 (the prior, then the anchored median), so each
+    // slowdown is measured / predicted (at least 1), and the median of 1 and the two is the
+    // smaller of them.
     let req = capped(&cluster, "split-cal-2", 4343).await;
     let (d2, r2) = migrate(&mut b, req).await;
     assert_eq!((d2.kind(), r2.kind()), (Action::Split, Action::Split), "{d2:?} {r2:?}");
     let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b calibrated");
-    assert!(informative(&r2), "{r2:?}");
     assert_eq!(engine.split_samples, 2, "{engine:?}");
     assert!(engine.split_scatter > 0.0 && engine.split_scatter <= 1.0, "{engine:?}");
     assert_ne!(engine.split_scatter, first_scatter, "the second split is counted: {engine:?}");
     // The overhead: the prior and the median of the two (their mean), three to one.
     let want = (prior + 2.0 * (overhead(&r) + overhead(&r2)) / 2.0) / 3.0;
     assert!((engine.split_overhead_s - want).abs() < 1e-12, "{engine:?}: {want}");
-    // Each split, planned with 0, says `i = (measured − predicted) / overlap` (at least 0); the
-    // median of the prior's place and the two is the smaller of them.
-    let sample = |r: &kvferry_proto::v1::Receipt| {
-        (1.0 + (r.measured_s - r.predicted_s) / r.predicted_overlap_s).clamp(1.0, 5.0)
-    };
-    let expected = sample(&r).min(sample(&r2)) - 1.0;
+    let slowdown = |r: &kvferry_proto::v1::Receipt| (r.measured_s / r.predicted_s).clamp(1.0, 5.0);
+    let expected = slowdown(&r).min(slowdown(&r2)) - 1.0;
     assert!(
         (engine.split_interference - expected).abs() < 1e-9,
         "{engine:?} vs {expected} from {r:?} {r2:?}"
@@ -175,30 +162,16 @@ async fn an_executed_split_calibrates_the_split_interference() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_large_split_interference_rules_the_split_out() {
-    // The interference is charged on the seconds the legs overlap: the target plans with a
-    // 10 Mbit/s path (its expected goodput, nothing fetched yet), so the capped prefix's fetch
-    // leg streams about as long as its prefill runs.
-    let slow = RegionSpec { configure: Some(|c| c.peers[0].gbps = 0.01), ..Default::default() };
-    let calm = Cluster::start([RegionSpec::default(), slow]);
+    let calm = Cluster::start([RegionSpec::default(), RegionSpec::default()]);
     let req = capped(&calm, "split-calm", 4343).await;
     let d = calm.router(1).await.plan_migration(req).await.unwrap().into_inner();
     assert_eq!(d.kind(), Action::Split, "without interference the capped prefix splits: {d:?}");
     drop(calm);
-    let shared = RegionSpec {
-        configure: Some(|c| {
-            c.peers[0].gbps = 0.01;
-            c.policy.split_interference = 4.0;
-        }),
-        ..Default::default()
-    };
+    let shared = RegionSpec { configure: Some(|c| c.policy.split_interference = 4.0), ..Default::default() };
     let busy = Cluster::start([RegionSpec::default(), shared]);
     let req = capped(&busy, "split-busy", 4343).await;
     let d = busy.router(1).await.plan_migration(req).await.unwrap().into_inner();
-    assert_eq!(
-        d.kind(),
-        Action::Recompute,
-        "each leg at 1/5 speed while both run: no split beats recomputing: {d:?}"
-    );
+    assert_eq!(d.kind(), Action::Recompute, "each leg at 1/5 speed: no split beats recomputing: {d:?}");
     let links = busy.router(1).await.get_links(GetLinksRequest {}).await.unwrap().into_inner();
     let engine = links.engines.iter().find(|e| e.engine_id == "engine-b").expect("engine-b priced");
     assert_eq!((engine.split_interference, engine.split_samples), (4.0, 0), "{engine:?}");

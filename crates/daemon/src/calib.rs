@@ -166,37 +166,9 @@ impl Calibrations {
         self.split.locked().get(engine_id).map_or((prior, 0), |c| (c.estimate(), c.samples()))
     }
 
-    /// Folds in one executed split of `engine_id`, planned with interference `used` charged on
-    /// `overlap_s` seconds of its legs; a split that overlapped too little to say anything
-    /// ([`kvferry_model::calibration::interference::MIN_OVERLAP_SHARE`]) leaves the estimate
-    /// and its count as they were.
-    pub fn observe_split(
-        &self,
-        engine_id: &str,
-        prior: f64,
-        used: f64,
-        overlap_s: f64,
-        predicted_s: f64,
-        measured_s: f64,
-    ) {
-        observe_engine(
-            &self.split,
-            "split",
-            engine_id,
-            || InterferenceCalibration::new(prior),
-            |c| {
-                let folded = c.observe_split(used, overlap_s, predicted_s, measured_s)?;
-                if !folded {
-                    tracing::debug!(
-                        engine_id,
-                        overlap_s,
-                        predicted_s,
-                        "split overlapped too little to calibrate"
-                    );
-                }
-                Ok(())
-            },
-        );
+    /// Folds in one executed split of `engine_id`, planned with interference `used`.
+    pub fn observe_split(&self, engine_id: &str, prior: f64, used: f64, predicted_s: f64, measured_s: f64) {
+        observe_interference(&self.split, "split", engine_id, prior, used, predicted_s, measured_s);
     }
 
     /// The scatter of `engine_id`'s executed splits around their predicted outcomes (`prior`
@@ -425,19 +397,16 @@ mod tests {
         let c = Calibrations::default();
         assert_eq!(c.split_interference("e", 0.25), 0.25);
         assert_eq!(c.split_state("e", 0.25), (0.25, 0));
-        // Planned with the prior 0.25 on 0.6 s of its legs' overlap; took 1.6 s against 1.0: the
-        // 0.6 s late came from the overlap: i = 0.25 + 0.6 / 0.6 = 1.25.
+        // Planned with the prior 0.25; took 1.6 × its prediction: the legs slowed each other 2×.
         // One such split leaves the prior in the median; a second outvotes it.
-        c.observe_split("e", 0.25, 0.25, 0.6, 1.0, 1.6);
+        c.observe_split("e", 0.25, 0.25, 1.0, 1.6);
         assert!((c.split_interference("e", 0.25) - 0.25).abs() < 1e-12);
         assert_eq!(c.split_state("e", 0.25).1, 1);
-        c.observe_split("e", 0.25, 0.25, 0.6, 1.0, 1.6);
-        assert!((c.split_interference("e", 0.25) - 1.25).abs() < 1e-12);
+        c.observe_split("e", 0.25, 0.25, 1.0, 1.6);
+        assert!((c.split_interference("e", 0.25) - 1.0).abs() < 1e-12);
         assert_eq!(c.split_interference("other", 0.0), 0.0, "per engine");
-        c.observe_split("e", 0.25, 0.25, 0.6, f64::NAN, 1.0); // refused, logged
-        // A split whose legs overlapped for a tenth of it says nothing of the interference.
-        c.observe_split("e", 0.25, 1.25, 0.1, 1.0, 3.0);
-        assert!((c.split_interference("e", 9.0) - 1.25).abs() < 1e-12, "the prior no longer applies");
+        c.observe_split("e", 0.25, 0.25, f64::NAN, 1.0); // refused, logged
+        assert!((c.split_interference("e", 9.0) - 1.0).abs() < 1e-12, "the prior no longer applies");
         assert_eq!(c.split_state("e", 9.0).1, 2);
     }
 
@@ -475,7 +444,7 @@ mod tests {
         assert_eq!(c.hedge_state("e", 0.1), (0.1, 0));
         // Splits measured a 1.5× slowdown: hedges borrow it before any hedge ran.
         for _ in 0..2 {
-            c.observe_split("e", 0.0, 0.0, 1.0, 1.0, 1.5); // overlapping throughout
+            c.observe_split("e", 0.0, 0.0, 1.0, 1.5);
         }
         assert!((c.hedge_interference("e", 0.1) - 0.5).abs() < 1e-12);
         assert_eq!(c.hedge_state("e", 0.1).1, 0, "borrowed, not measured");

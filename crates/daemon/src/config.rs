@@ -471,11 +471,9 @@ pub struct PolicyDefaults {
     /// run. At most 4.
     pub hedge_interference: f64,
     /// Prior of the split interference: the relative slowdown of each leg of a split while the
-    /// other's work runs beside it (0: separate resources), charged on the seconds the prefill
-    /// and the fetch's streaming overlap. With `calibrate`, each engine's executed splits
-    /// replace it with the measured slowdown (median of recent splits that overlapped for at
-    /// least a quarter of their time, the prior holding the places of the first three not yet
-    /// taken); a split that cannot
+    /// other runs (0: separate resources). With `calibrate`, each engine's executed splits
+    /// replace it with the measured slowdown (median of recent splits, the prior holding the
+    /// places of the first three not yet taken); a split that cannot
     /// beat the better pure action by `split_min_gain` once slowed is not chosen. At most 4.
     pub split_interference: f64,
     /// Plan each split with at least the interference this host's CPU shares predict

@@ -127,7 +127,6 @@ pub async fn execute(
                 let pt = m.split.point;
                 receipt.predicted_compute_leg_s = pt.compute_leg_seconds;
                 receipt.predicted_fetch_leg_s = pt.fetch_leg_seconds;
-                receipt.predicted_overlap_s = pt.overlap_seconds;
                 // The host's CPU shares (cores) as the floor reads them now.
                 let floor = p
                     .figures
@@ -160,18 +159,18 @@ pub async fn execute(
     // comes after this receipt (at the engine's next step) and is learnt from the Load itself.
     let executed_predicted_s = receipt.predicted_s - plan.load_s;
     // An executed split (both legs, no fallback) calibrates this engine's split interference
-    // against the whole migration's prediction, which was made with the interference in force
-    // on the seconds its legs were priced as overlapping.
+    // against the whole migration's prediction, which was made with the interference in force.
     if plan.action == MigrationAction::Split
         && receipt.fallback.is_empty()
         && shared.config.policy.calibrate
         && executed_predicted_s > 0.0
     {
+        let prior = shared.config.policy.split_interference;
+        let used = p.policy.split_interference;
         shared.calib.observe_split(
             &p.engine.engine_id,
-            shared.config.policy.split_interference,
-            p.policy.split_interference,
-            receipt.predicted_overlap_s,
+            prior,
+            used,
             executed_predicted_s,
             receipt.measured_s,
         );

@@ -120,12 +120,6 @@ impl LinkModel {
         bytes_per_token * self.wire_ratio * 8.0 / self.bits_per_second()
     }
 
-    /// Seconds the bytes of `tokens` tokens take to stream at goodput: a fetch's on-time
-    /// outcome less its fixed cost (the part a split's prefill contends with on a shared host).
-    pub fn stream_seconds(&self, tokens: u64, bytes_per_token: f64) -> f64 {
-        self.wire_bytes(tokens, bytes_per_token) * 8.0 / self.bits_per_second()
-    }
-
     /// Seconds to fetch `tokens` tokens: one RTT (request → first byte) plus serialization at
     /// goodput, plus the tail's expected delay. Fetching nothing costs nothing (no request is
     /// sent).
@@ -141,7 +135,7 @@ impl LinkModel {
         }
         let wire_bytes = self.wire_bytes(tokens, bytes_per_token);
         FetchBranches {
-            on_time_s: self.rtt_s + self.stream_seconds(tokens, bytes_per_token),
+            on_time_s: self.rtt_s + wire_bytes * 8.0 / self.bits_per_second(),
             delay_s: self.tail.delay_s,
             late_probability: self.tail.late_probability(wire_bytes),
         }

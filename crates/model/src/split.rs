@@ -4,30 +4,19 @@
 //! This is Cake's idea (Jin et al., "Compute Or Load KV Cache? Why Not Both?",
 //! arXiv 2410.03065): compute from the start of the prefix, load from its end, meet in the
 //! middle. The two legs use different resources (target GPU, WAN), so
-//! `time(k) = max(compute_wait + r(k) + i·min(r(k), st(P − k)), fetch_wait + fetch(P − k) +
-//! i·st(P − k)) + load·(P − k) + overhead`, where `r(k)` is the prefill of `[0, k)`, `st(n)`
-//! the seconds `n` tokens' bytes stream at goodput (the fetch less its fixed cost), `load` the
-//! target engine's seconds per token to load fetched KV into its pool once it has landed
-//! (after both legs: the engine takes the fetched blocks at its next step), and the overhead
-//! (an extra scheduling round and the merge) and the interference `i` apply only to a real
-//! split (0 < k < P). `i` is how much each leg slows while the other's work runs beside it on
-//! shared resources (this host: CPU prefill and QUIC on the same two cores); 0 on separate
-//! ones. It is charged on the time the two overlap: the fetch's streaming (its round trips
-//! wait on the path, not on the cores) and the prefill while that streaming lasts. Near the
-//! crossing, where the prefill spans the streaming, both legs pay `i·st`: a split whose fetch
-//! leg is mostly a round trip's wait pays little, one that streams for most of it nearly `i`
-//! on each leg — what executed splits measured (`bench/results/full-2026-12-07-prior-0.5ms/`:
-//! the error grew with the fetch leg's streaming share when one `i` scaled whole legs). The
-//! daemon learns `i` from executed splits ([`crate::calibration::interference`]). The compute
-//! leg less the fetch leg only grows with `k` (the interference terms cancel once the prefill
-//! spans the streaming, and scale both sides by `1 + i` before), so the optimum sits where the
-//! legs cross: a binary search over the engine's block grid finds it in O(log P) evaluations,
-//! with no allocation. Before the crossing the time is the fetch leg, which only shrinks with
-//! `k`. Past it the time is the compute leg plus the load, convex in `k` (a convex prefill
-//! plus the linear load and the streaming it overlaps) on each side of where the prefill first
-//! outlasts the streaming, so a binary search on its slope in each piece finds where a longer
-//! compute leg stops paying for itself (a load dearer per token than the prefill, or the
-//! overlapped streaming a longer prefill no longer contends with).
+//! `time(k) = max(compute_wait + (1 + i)·recompute(0..k), fetch_wait + (1 + i)·fetch(P − k)) +
+//! load·(P − k) + overhead`, where `load` is the target engine's seconds per token to load
+//! fetched KV into its pool once it has landed (after both legs: the engine takes the fetched
+//! blocks at its next step), and the overhead (an extra scheduling round and the merge) and the
+//! interference `i` apply only to a real split (0 < k < P). `i` is how much each leg slows the
+//! other when both run at once on shared resources (this host: CPU prefill and QUIC on the
+//! same two cores); 0 on separate ones. The daemon learns it from executed splits
+//! ([`crate::calibration::interference`]). The compute leg only grows with `k` and the fetch leg
+//! (and the load) only shrink, so without a load the optimum sits where the legs cross: a binary
+//! search over the engine's block grid finds it in O(log P) evaluations, with no allocation.
+//! Past the crossing the time is the compute leg plus the load, convex in `k` (a convex prefill
+//! plus a linear load), so a second binary search on its slope finds where a load dearer per
+//! token than the prefill stops paying for a longer compute leg.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,8 +45,7 @@ pub struct SplitInputs<'a> {
     pub fetch_wait_s: f64,
     /// Fixed extra seconds paid by a real split.
     pub overhead_s: f64,
-    /// Relative slowdown of each leg of a real split while the other's work runs beside it
-    /// (≥ 0), charged on the seconds they overlap (see the module docs).
+    /// Relative slowdown of each leg of a real split while the other runs (≥ 0).
     pub interference: f64,
     /// Seconds per fetched token for the target engine to load it into its pool (≥ 0).
     pub load_s_per_token: f64,
@@ -101,11 +89,6 @@ pub struct SplitPoint {
     /// Relative scatter (sd) of the completion around each outcome (0: exact).
     #[serde(default)]
     pub noise: f64,
-    /// Seconds the compute leg's prefill and the fetch leg's streaming are priced as running
-    /// at once (the shorter of the two; 0 unless a real split): what the interference is
-    /// charged on ([`SplitInputs::interference`]).
-    #[serde(default)]
-    pub overlap_seconds: f64,
 }
 
 impl SplitPoint {
@@ -153,18 +136,14 @@ impl SplitInputs<'_> {
         let p = self.prefix_tokens;
         let k = k.min(p);
         let real = k > 0 && k < p;
-        let i = if real { self.interference.max(0.0) } else { 0.0 };
-        let recompute = if k == 0 { 0.0 } else { self.compute.recompute_seconds(k) };
-        // The fetch's bytes stream for `stream` seconds of its leg; the prefill runs alongside
-        // them for at most its own length.
-        let stream = if k == p { 0.0 } else { self.link.stream_seconds(p - k, self.bytes_per_token) };
-        let overlap = if real { recompute.min(stream) } else { 0.0 };
-        let compute_leg = if k == 0 { 0.0 } else { self.compute_wait_s + recompute + i * overlap };
+        let slow = if real { 1.0 + self.interference.max(0.0) } else { 1.0 };
+        let compute_leg =
+            if k == 0 { 0.0 } else { self.compute_wait_s + slow * self.compute.recompute_seconds(k) };
         let (fetch_leg, on_leg, late_leg, q) = if k == p {
             (0.0, 0.0, 0.0, 0.0)
         } else {
             let b = self.link.fetch_branches(p - k, self.bytes_per_token);
-            let leg = |s: f64| self.fetch_wait_s + s + i * stream;
+            let leg = |s: f64| self.fetch_wait_s + slow * s;
             (leg(b.mean_s()), leg(b.on_time_s), leg(b.late_s()), b.late_probability)
         };
         let load = (p - k) as f64 * self.load_s_per_token.max(0.0);
@@ -192,7 +171,6 @@ impl SplitInputs<'_> {
             on_time_seconds: on_time,
             late_seconds: late,
             noise: if real { self.noise.max(0.0) } else { 0.0 },
-            overlap_seconds: overlap,
         };
         (pt, on_leg, late_leg)
     }
@@ -265,50 +243,23 @@ impl SplitInputs<'_> {
             });
         }
         // Past j2, up to the last real split (j_hi − 1), the time is the compute leg plus the
-        // load and the overhead: `r(k) + i·min(r(k), st(P − k))` plus a linear load, convex in k
-        // on each side of the first point where the prefill outlasts the streaming (`min`
-        // switches there). Each piece's least is its first j whose next point is no faster;
-        // with neither a load nor an interference that is j2 itself.
-        if (self.load_s_per_token > 0.0 || self.interference > 0.0) && j2 + 1 < j_hi {
-            let last = j_hi - 1;
-            let outlasts = |j: u64| {
-                let k = k_of(j);
-                self.compute.recompute_seconds(k) >= self.link.stream_seconds(p - k, self.bytes_per_token)
-            };
-            let (mut lo, mut hi) = (j2, last + 1);
+        // load and the overhead: convex in k. Its least is the first j whose next point is no
+        // faster (with no load that is j2 itself).
+        if self.load_s_per_token > 0.0 && j2 + 1 < j_hi {
+            let (mut lo, mut hi) = (j2, j_hi - 1);
             while lo < hi {
                 let mid = lo + (hi - lo) / 2;
-                if outlasts(mid) {
+                if self.evaluate(k_of(mid + 1)).seconds >= self.evaluate(k_of(mid)).seconds {
                     hi = mid;
                 } else {
                     lo = mid + 1;
                 }
             }
-            let kink = lo;
-            if kink > j2 {
-                consider(self.convex_least(j2, kink - 1, &k_of));
-            }
-            if kink <= last {
-                consider(self.convex_least(kink, last, &k_of));
-            }
+            consider(lo);
         }
         // The endpoints are the pure actions (no overhead); a split with overhead can lose to them.
         consider(j_lo);
         best
-    }
-
-    /// The grid index in `[lo, hi]` with the least time, where the time is convex there: the
-    /// first whose next point is no faster.
-    fn convex_least(&self, mut lo: u64, mut hi: u64, k_of: &impl Fn(u64) -> u64) -> u64 {
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if self.evaluate(k_of(mid + 1)).seconds >= self.evaluate(k_of(mid)).seconds {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
-        }
-        lo
     }
 }
 
@@ -410,17 +361,12 @@ mod tests {
                     s.interference = interference;
                     s.load_s_per_token = load;
                     s.min_confidence = conf;
-                    // And with either path queued (a busy engine, a busy link).
-                    for (cw, fw) in [(0.0, 0.0), (0.3 * rtt + 0.01, 0.0), (0.0, 0.5 * rtt)] {
-                        s.compute_wait_s = cw;
-                        s.fetch_wait_s = fw;
-                        let (best, reference) = (s.best(), brute(&s));
-                        assert_eq!(
-                            best.seconds, reference.seconds,
-                            "{gbps} {rtt} {p} {g} {interference} {load} {hazard} {conf} {cw} {fw}"
-                        );
-                        assert!(s.admits(&best));
-                    }
+                    let (best, reference) = (s.best(), brute(&s));
+                    assert_eq!(
+                        best.seconds, reference.seconds,
+                        "{gbps} {rtt} {p} {g} {interference} {load} {hazard} {conf}"
+                    );
+                    assert!(s.admits(&best));
                 }
             }
         }
@@ -446,46 +392,6 @@ mod tests {
         // When each leg runs at half speed while the other runs, splitting cannot win here.
         s.interference = 1.0;
         assert!(!s.best().is_real_split(), "{:?}", s.best());
-    }
-
-    #[test]
-    fn interference_is_charged_on_the_streaming_the_legs_overlap() {
-        // 1 Gbit/s × 50 ms, 160 KiB a token (0.66 ms a token on the wire), a 1.5 ms-a-token
-        // prefill: the bench's reference engine.
-        let c = ComputeModel::from_measured(1.5e-3, 0.0).unwrap();
-        let l = LinkModel::new(1.0, 0.05, 1.0).unwrap();
-        let mut s = seed_inputs(&c, &l, 64);
-        s.bytes_per_token = 81_920.0;
-        let i = 0.2;
-        for p in [64, 256, 2048] {
-            s.prefix_tokens = p;
-            s.interference = 0.0;
-            let alone = s.best();
-            s.interference = i;
-            let pt = s.evaluate(alone.recompute_tokens);
-            let st = l.stream_seconds(pt.fetch_tokens, s.bytes_per_token);
-            let r = c.recompute_seconds(pt.recompute_tokens);
-            // Each leg pays `i` on the seconds the prefill runs beside the streaming only.
-            assert_eq!(pt.overlap_seconds, r.min(st));
-            assert!((pt.fetch_leg_seconds - (alone.fetch_leg_seconds + i * st)).abs() < 1e-12);
-            assert!((pt.compute_leg_seconds - (alone.compute_leg_seconds + i * r.min(st))).abs() < 1e-12);
-            // Less than the whole legs: the round trip waits on the path, not on the cores.
-            assert!(pt.seconds < alone.seconds * (1.0 + i), "{p}: {pt:?}");
-        }
-        // A short split's fetch leg is mostly its round trip: a fifth of the legs' slowdown
-        // charged on whole legs; a long one's mostly streaming: nearly all of it.
-        let mut share = |p: u64| {
-            s.prefix_tokens = p;
-            s.interference = 0.0;
-            let alone = s.best();
-            s.interference = i;
-            (s.evaluate(alone.recompute_tokens).seconds / alone.seconds - 1.0) / i
-        };
-        let (short, long) = (share(64), share(2048));
-        assert!(short < 0.4 && long > 0.9 && long <= 1.0, "{short} {long}");
-        // Pure actions pay none, and nothing overlaps.
-        assert_eq!(s.evaluate(0).overlap_seconds, 0.0);
-        assert_eq!(s.evaluate(s.prefix_tokens).overlap_seconds, 0.0);
     }
 
     #[test]
@@ -592,7 +498,6 @@ mod tests {
             on_time_seconds: 0.087,
             late_seconds: 0.115,
             noise: 0.0,
-            overlap_seconds: 0.01,
         };
         assert_eq!(edge.confidence(0.15), 1.0);
         let mut last = 1.0;

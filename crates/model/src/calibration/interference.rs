@@ -7,15 +7,9 @@
 //! share the same cores, each leg runs slower while the other runs: the split model charges
 //! each leg `(1 + i)` times its calibrated pure cost ([`crate::split`]).
 //!
-//! The split model charges `i` on the seconds the legs overlap, not on whole legs
-//! ([`crate::split`]): a split predicted with the interference `i_used` on an overlap of `o`
-//! seconds that took `measured` against `predicted` says `i ≈ i_used + (measured −
-//! predicted) / o` (the pure legs are calibrated by the pure actions; what remains is the
-//! interference). A split whose legs overlap for less than [`MIN_OVERLAP_SHARE`] of it says
-//! little about `i` (its error divided by a short overlap is mostly noise: a prefill that
-//! ran 3 % slow on a 10 % overlap would read as `i = 0.3`) and is not folded in. A hedge runs
-//! both actions whole, one slowing the other throughout: its sample is `1 + i ≈ (1 + i_used) ·
-//! measured / predicted` ([`InterferenceCalibration::observe`]). The
+//! Each executed split gives one sample of `1 + i`: the split was predicted with the
+//! interference `i_used` then in force, so `1 + i ≈ (1 + i_used) · measured / predicted` (the
+//! pure legs are calibrated by the pure actions; what remains is the interference). The
 //! estimate is the median of the last [`WINDOW`] samples, less one, clamped to
 //! `[0, MAX_INTERFERENCE]` (a split that ran faster than predicted says "none", not a
 //! negative slowdown); with no sample it is the configured prior, and until
@@ -40,9 +34,6 @@ pub const MAX_INTERFERENCE: f64 = 4.0;
 /// Samples below which the prior still holds places in the median: one sample leaves the
 /// prior in force, two move the estimate to the middle of the prior and both.
 pub const ANCHOR_SAMPLES: usize = 3;
-/// Least share of a split's predicted seconds its legs must be priced as overlapping for the
-/// split to calibrate the interference ([`InterferenceCalibration::observe_split`]).
-pub const MIN_OVERLAP_SHARE: f64 = 0.25;
 
 /// One engine's split-interference calibration.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,47 +57,18 @@ impl InterferenceCalibration {
         })
     }
 
-    /// Folds in one race whose two actions ran whole at once (a hedge): the interference it
-    /// was priced with on both, its predicted and its measured seconds. A refused sample leaves
-    /// the state unchanged.
+    /// Folds in one executed split: the interference it was planned with, its predicted and its
+    /// measured seconds. A refused sample leaves the state unchanged.
     pub fn observe(&mut self, used: f64, predicted_s: f64, measured_s: f64) -> Result<(), CalibrationError> {
-        let used = sample_non_negative("interference used", used, MAX_INTERFERENCE)?;
-        let predicted = sample_seconds("predicted seconds", predicted_s)?;
-        let measured = sample_seconds("measured seconds", measured_s)?;
-        self.fold((1.0 + used) * measured / predicted);
-        Ok(())
-    }
-
-    /// Folds in one executed split: the interference it was planned with, the seconds its legs
-    /// were priced as overlapping ([`crate::split::SplitPoint::overlap_seconds`]), its
-    /// predicted and its measured seconds. Returns whether it was folded in: a split that
-    /// overlapped for less than [`MIN_OVERLAP_SHARE`] of its prediction is not. A refused
-    /// sample leaves the state unchanged.
-    pub fn observe_split(
-        &mut self,
-        used: f64,
-        overlap_s: f64,
-        predicted_s: f64,
-        measured_s: f64,
-    ) -> Result<bool, CalibrationError> {
         let used = sample_non_negative("split interference used", used, MAX_INTERFERENCE)?;
         let predicted = sample_seconds("split predicted seconds", predicted_s)?;
         let measured = sample_seconds("split measured seconds", measured_s)?;
-        let overlap = sample_non_negative("split overlap seconds", overlap_s, predicted)?;
-        if overlap < MIN_OVERLAP_SHARE * predicted {
-            return Ok(false);
-        }
-        self.fold(1.0 + used + (measured - predicted) / overlap);
-        Ok(true)
-    }
-
-    /// One sample of `1 + i`, clamped to what the estimate reports.
-    fn fold(&mut self, slowdown: f64) {
-        let slowdown = slowdown.clamp(1.0, 1.0 + MAX_INTERFERENCE);
+        let slowdown = ((1.0 + used) * measured / predicted).clamp(1.0, 1.0 + MAX_INTERFERENCE);
         let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, slowdown);
         v.resize(v.len().max(ANCHOR_SAMPLES), 1.0 + self.prior);
         self.estimate = (crate::calibration::median_of(&mut v) - 1.0).clamp(0.0, MAX_INTERFERENCE);
         self.samples += 1;
+        Ok(())
     }
 
     /// The interference to plan the next split with: the median slowdown of the window (the
@@ -207,50 +169,6 @@ mod tests {
             c.observe(c.estimate(), 1.0 + c.estimate(), 1.0).unwrap();
         }
         assert_eq!(c.estimate(), 0.0);
-    }
-
-    #[test]
-    fn a_split_is_charged_on_its_overlap_and_a_short_one_says_nothing() {
-        let mut c = InterferenceCalibration::new(0.0).unwrap();
-        // Predicted 1 s with no interference, its legs overlapping 0.5 s; it took 1.05 s: the
-        // 50 ms came from the overlap, a 10 % slowdown while both ran.
-        for _ in 0..ANCHOR_SAMPLES {
-            assert!(c.observe_split(0.0, 0.5, 1.0, 1.05).unwrap());
-        }
-        assert!((c.estimate() - 0.1).abs() < 1e-12, "{}", c.estimate());
-        // Planned with that 0.1 on the same overlap, it came in as predicted: 0.1 again.
-        assert!(c.observe_split(0.1, 0.5, 1.05, 1.05).unwrap());
-        assert!((c.estimate() - 0.1).abs() < 1e-12, "{}", c.estimate());
-        // A split whose legs overlapped for a tenth of it is not folded in, however late.
-        let before = c.clone();
-        assert!(!c.observe_split(0.1, 0.1, 1.0, 1.3).unwrap());
-        assert_eq!(c, before);
-        // One that overlapped throughout reads like a hedge.
-        let mut h = InterferenceCalibration::new(0.0).unwrap();
-        let mut s = InterferenceCalibration::new(0.0).unwrap();
-        for _ in 0..ANCHOR_SAMPLES {
-            h.observe(0.0, 1.0, 1.2).unwrap();
-            s.observe_split(0.0, 1.0, 1.0, 1.2).unwrap();
-        }
-        assert!((h.estimate() - s.estimate()).abs() < 1e-12);
-        // An overlap longer than the prediction, or not a number, is refused.
-        assert!(s.observe_split(0.0, 1.5, 1.0, 1.0).is_err());
-        assert!(s.observe_split(0.0, f64::NAN, 1.0, 1.0).is_err());
-        assert_eq!(s.samples(), ANCHOR_SAMPLES as u64);
-    }
-
-    #[test]
-    fn split_samples_converge_to_the_true_interference_on_any_overlap() {
-        for (truth, share) in [(0.0, 0.3), (0.3, 0.5), (1.0, 0.9), (2.5, 1.0)] {
-            let mut c = InterferenceCalibration::new(0.0).unwrap();
-            for _ in 0..5 {
-                // Both legs slowed by `truth` over the overlap; the prediction used the estimate.
-                let (base, overlap) = (2.0, 2.0 * share);
-                let used = c.estimate();
-                c.observe_split(used, overlap, base + used * overlap, base + truth * overlap).unwrap();
-            }
-            assert!((c.estimate() - truth).abs() < 1e-9, "truth {truth}: {}", c.estimate());
-        }
     }
 
     #[test]

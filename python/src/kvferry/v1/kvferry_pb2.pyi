@@ -186,7 +186,7 @@ class Progress(_message.Message):
     def __init__(self, bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., elapsed_s: _Optional[float] = ...) -> None: ...
 
 class Receipt(_message.Message):
-    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch", "transport", "congestion", "split_compute_leg_s", "split_fetch_leg_s", "predicted_compute_leg_s", "predicted_fetch_leg_s", "predicted_overlap_s")
+    __slots__ = ("action", "tokens_ready", "bytes_moved", "wall_s", "goodput_gbps", "predicted_s", "measured_s", "path", "reconnects", "fallback", "first_layer_s", "kind", "hedged", "hedge_loser_s", "shared_fetch", "transport", "congestion", "split_compute_leg_s", "split_fetch_leg_s", "predicted_compute_leg_s", "predicted_fetch_leg_s")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_READY_FIELD_NUMBER: _ClassVar[int]
     BYTES_MOVED_FIELD_NUMBER: _ClassVar[int]
@@ -208,7 +208,6 @@ class Receipt(_message.Message):
     SPLIT_FETCH_LEG_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_COMPUTE_LEG_S_FIELD_NUMBER: _ClassVar[int]
     PREDICTED_FETCH_LEG_S_FIELD_NUMBER: _ClassVar[int]
-    PREDICTED_OVERLAP_S_FIELD_NUMBER: _ClassVar[int]
     action: str
     tokens_ready: int
     bytes_moved: int
@@ -230,8 +229,7 @@ class Receipt(_message.Message):
     split_fetch_leg_s: float
     predicted_compute_leg_s: float
     predicted_fetch_leg_s: float
-    predicted_overlap_s: float
-    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ..., transport: _Optional[str] = ..., congestion: _Optional[str] = ..., split_compute_leg_s: _Optional[float] = ..., split_fetch_leg_s: _Optional[float] = ..., predicted_compute_leg_s: _Optional[float] = ..., predicted_fetch_leg_s: _Optional[float] = ..., predicted_overlap_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, action: _Optional[str] = ..., tokens_ready: _Optional[int] = ..., bytes_moved: _Optional[int] = ..., wall_s: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., predicted_s: _Optional[float] = ..., measured_s: _Optional[float] = ..., path: _Optional[str] = ..., reconnects: _Optional[int] = ..., fallback: _Optional[str] = ..., first_layer_s: _Optional[float] = ..., kind: _Optional[_Union[Action, str]] = ..., hedged: _Optional[bool] = ..., hedge_loser_s: _Optional[float] = ..., shared_fetch: _Optional[bool] = ..., transport: _Optional[str] = ..., congestion: _Optional[str] = ..., split_compute_leg_s: _Optional[float] = ..., split_fetch_leg_s: _Optional[float] = ..., predicted_compute_leg_s: _Optional[float] = ..., predicted_fetch_leg_s: _Optional[float] = ...) -> None: ...
 
 class MigrationEvent(_message.Message):
     __slots__ = ("decision", "progress", "receipt")
