@@ -24,7 +24,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 
 use crate::io::{conn_err, from_conn_error, read_err, write_err};
 use crate::node::PeerNode;
-use crate::tcp::{Session, TlsTcp};
+use crate::tcp::{LowWater, Session, TlsTcp};
 use crate::tls::RegionId;
 use crate::transport::LinkTuning;
 use kvferry_pool::sync::LockExt;
@@ -143,8 +143,8 @@ impl Link {
             }
             Self::Tcp(s) => {
                 let stream = s.take_control().ok_or_else(|| conn_err("control channel already taken"))?;
-                let (r, w) = tokio::io::split(stream);
-                Ok((SendHalf::Tcp(w), RecvHalf::Tcp(r)))
+                let (r, w) = RecvHalf::tcp(stream);
+                Ok((SendHalf::Tcp(w), r))
             }
         }
     }
@@ -271,7 +271,7 @@ impl SendHalf {
 /// The receiving half of a channel.
 pub(crate) enum RecvHalf {
     Quic(quinn::RecvStream),
-    Tcp(ReadHalf<TlsTcp>),
+    Tcp(ReadHalf<TlsTcp>, Option<LowWater>),
 }
 
 /// Why a read of an exact length stopped.
@@ -282,6 +282,13 @@ pub(crate) enum ReadEnd {
 }
 
 impl RecvHalf {
+    /// A TLS-over-TCP connection's two halves, its reads batched by a receive low-water mark.
+    pub(crate) fn tcp(stream: TlsTcp) -> (RecvHalf, WriteHalf<TlsTcp>) {
+        let low = LowWater::of(&stream);
+        let (r, w) = tokio::io::split(stream);
+        (RecvHalf::Tcp(r, low), w)
+    }
+
     /// Fills `buf`, or says how the channel ended.
     pub(crate) async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ReadEnd> {
         match self {
@@ -290,7 +297,7 @@ impl RecvHalf {
                 Err(quinn::ReadExactError::FinishedEarly(n)) => Err(ReadEnd::Finished(n)),
                 Err(e) => Err(ReadEnd::Failed(read_err(e))),
             },
-            Self::Tcp(r) => read_exact_tcp(r, buf).await,
+            Self::Tcp(r, low) => read_exact_tcp(r, low.as_mut(), buf).await,
         }
     }
 
@@ -303,7 +310,12 @@ impl RecvHalf {
                 Err(quinn::ReadError::ConnectionLost(e)) => Err(from_conn_error(&e)),
                 Err(e) => Err(conn_err(e)),
             },
-            Self::Tcp(r) => r.read(buf).await.map_err(|e| io_err(&e)),
+            Self::Tcp(r, low) => {
+                if let Some(low) = low {
+                    low.before_read(0);
+                }
+                r.read(buf).await.map_err(|e| io_err(&e))
+            }
         }
     }
 
@@ -311,7 +323,10 @@ impl RecvHalf {
     /// closing our socket with unread bytes in it cannot reset the connection and destroy the
     /// answer we just wrote before the peer has read it. QUIC needs none of this.
     pub(crate) async fn linger(&mut self) {
-        if let Self::Tcp(r) = self {
+        if let Self::Tcp(r, low) = self {
+            if let Some(low) = low {
+                low.before_read(0);
+            }
             let mut sink = [0u8; 4096];
             let drain = async { while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {} };
             let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
@@ -326,16 +341,32 @@ impl RecvHalf {
     }
 }
 
-async fn read_exact_tcp<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> Result<(), ReadEnd> {
+/// Fills `buf` from `r`, moving the socket's receive low-water mark (where there is one) with
+/// what is still to come: the mark never asks for more than is certain to arrive, and is back
+/// at the default when the read ends.
+async fn read_exact_tcp<R: AsyncRead + Unpin>(
+    r: &mut R,
+    mut low: Option<&mut LowWater>,
+    buf: &mut [u8],
+) -> Result<(), ReadEnd> {
     let mut got = 0;
-    while got < buf.len() {
-        match r.read(&mut buf[got..]).await {
-            Ok(0) => return Err(ReadEnd::Finished(got)),
-            Ok(n) => got += n,
-            Err(e) => return Err(ReadEnd::Failed(io_err(&e))),
+    let end = loop {
+        if got >= buf.len() {
+            break Ok(());
         }
+        if let Some(low) = low.as_deref_mut() {
+            low.before_read(buf.len() - got);
+        }
+        match r.read(&mut buf[got..]).await {
+            Ok(0) => break Err(ReadEnd::Finished(got)),
+            Ok(n) => got += n,
+            Err(e) => break Err(ReadEnd::Failed(io_err(&e))),
+        }
+    };
+    if let Some(low) = low {
+        low.before_read(0);
     }
-    Ok(())
+    end
 }
 
 /// Maps an I/O error of a TLS-over-TCP channel: a refused certificate or identity (ours

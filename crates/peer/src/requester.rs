@@ -353,7 +353,7 @@ impl PeerNode {
                     .take_data()
                     .into_iter()
                     .map(|tls| {
-                        let recv = crate::link::RecvHalf::Tcp(tokio::io::split(tls).0);
+                        let recv = crate::link::RecvHalf::tcp(tls).0;
                         let route = Route::Only(id, tx.clone());
                         tokio::spawn(read_chunks(recv, self.fetch_budget.clone(), route)).abort_handle()
                     })

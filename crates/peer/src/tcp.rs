@@ -283,6 +283,82 @@ fn set_congestion(s: &socket2::SockRef<'_>) -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
+/// Bytes of ciphertext rustls may hold unread while a read waits on the socket: one whole TLS
+/// record (16 KiB of plaintext, its header and tag) with room to spare. A read that still needs
+/// `n` plaintext bytes can count on at least `n − LOW_WATER_SLACK` more bytes reaching the
+/// socket.
+const LOW_WATER_SLACK: usize = 32 * 1024;
+/// The most a receive low-water mark asks the kernel to gather before it wakes the reader.
+const LOW_WATER_MAX: usize = 128 * 1024;
+
+/// The receive low-water mark (`SO_RCVLOWAT`) for a read that still needs `remaining`
+/// plaintext bytes, on a socket whose marks are capped at `cap`: as many bytes as are certain
+/// to arrive, at most `cap`; 1 (wake on any byte, the kernel's default) where that is under a
+/// TLS record. Pure.
+pub(crate) fn low_water(remaining: usize, cap: usize) -> usize {
+    if remaining <= LOW_WATER_SLACK + 16 * 1024 || cap <= 1 {
+        return 1;
+    }
+    (remaining - LOW_WATER_SLACK).min(cap).max(1)
+}
+
+/// A TCP connection's receive low-water mark, moved by its reads.
+///
+/// A bulk reader woken as each segment arrives pays a thread switch and an `epoll_wait` per
+/// few kilobytes: profiled at 1 Gbit/s × 50 ms, the switch alone was a third of the receiving
+/// thread's samples (`bench/results/tcp-lowat-2026-12-07/`). While a read still needs more
+/// than a TLS record, the kernel is asked not to report the socket readable until
+/// [`low_water`] bytes have queued; every read sets the mark first (so a cancelled read
+/// leaves nothing behind that the next one keeps), and a read's last record is awaited with
+/// the default mark of 1, so no read waits for bytes that are not coming.
+pub(crate) struct LowWater {
+    sock: socket2::Socket,
+    cap: usize,
+    set: usize,
+}
+
+impl LowWater {
+    /// For `tls`'s socket, or `None` where it cannot be set up (no duplicate descriptor, or a
+    /// receive buffer too small for marks to help).
+    pub(crate) fn of(tls: &TlsTcp) -> Option<Self> {
+        let tcp: &TcpStream = match tls {
+            tokio_rustls::TlsStream::Client(c) => c.get_ref().0,
+            tokio_rustls::TlsStream::Server(s) => s.get_ref().0,
+        };
+        let sock = socket2::SockRef::from(tcp).try_clone().ok()?;
+        // A quarter of the buffer, so that the window stays open while the mark fills.
+        let cap = (sock.recv_buffer_size().ok()? / 4).min(LOW_WATER_MAX);
+        (low_water(usize::MAX, cap) > 1).then_some(LowWater { sock, cap, set: 1 })
+    }
+
+    /// Sets the mark for a read that still needs `remaining` bytes (0: the default mark).
+    pub(crate) fn before_read(&mut self, remaining: usize) {
+        let want = low_water(remaining, self.cap);
+        if want != self.set && set_rcvlowat(&self.sock, want) {
+            self.set = want;
+        }
+    }
+}
+
+/// `SO_RCVLOWAT` of `s`; false where the kernel refused it.
+fn set_rcvlowat(s: &socket2::Socket, bytes: usize) -> bool {
+    use std::os::fd::AsRawFd;
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    // SAFETY: `s` owns a live socket for the duration of the call; we pass a pointer to a local
+    // `c_int` and its exact size, as setsockopt(2) requires for SO_RCVLOWAT; the kernel only
+    // reads those bytes.
+    let rc = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    rc == 0
+}
+
 /// The kernel's smoothed RTT of a TCP socket.
 fn tcp_rtt(s: &socket2::Socket) -> Option<Duration> {
     use std::os::fd::AsRawFd;
@@ -611,6 +687,65 @@ mod tests {
         let mut bad = Preamble { session: 7, role: Role::Control { data: 0 } }.encode();
         bad[6] = MAX_DATA_CHANNELS + 1;
         assert!(matches!(Preamble::decode(&bad), Err(WireError::Protocol(_))));
+    }
+
+    #[test]
+    fn the_low_water_mark_never_waits_for_bytes_that_are_not_coming() {
+        let cap = LOW_WATER_MAX;
+        // Under a TLS record and its slack still to come: the default mark.
+        for remaining in [0, 1, 4096, 16 * 1024, LOW_WATER_SLACK, LOW_WATER_SLACK + 16 * 1024] {
+            assert_eq!(low_water(remaining, cap), 1, "{remaining}");
+        }
+        // A 4 MiB chunk's payload: the cap, until the end is near.
+        assert_eq!(low_water(4 << 20, cap), cap);
+        let mut last = 1;
+        for remaining in (0..(1usize << 20)).step_by(997).chain([usize::MAX]) {
+            let m = low_water(remaining, cap);
+            // At least one byte, at most the cap, never more than is certain to arrive.
+            assert!(m >= 1 && m <= cap, "{remaining}: {m}");
+            assert!(m == 1 || m <= remaining - LOW_WATER_SLACK, "{remaining}: {m}");
+            // More still to come never lowers the mark.
+            assert!(m >= last, "{remaining}: {m} < {last}");
+            last = m;
+        }
+        // A socket whose buffer leaves no room for a mark gets none.
+        assert_eq!(low_water(4 << 20, 1), 1);
+        assert_eq!(low_water(4 << 20, 0), 1);
+    }
+
+    #[test]
+    fn the_kernel_takes_the_low_water_mark() {
+        let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        assert!(set_rcvlowat(&s, 65_536));
+        assert_eq!(s.recv_lowat_for_test(), 65_536);
+        assert!(set_rcvlowat(&s, 1));
+        assert_eq!(s.recv_lowat_for_test(), 1);
+    }
+
+    /// `SO_RCVLOWAT` as the kernel reports it.
+    trait RecvLowat {
+        fn recv_lowat_for_test(&self) -> libc::c_int;
+    }
+
+    impl RecvLowat for socket2::Socket {
+        fn recv_lowat_for_test(&self) -> libc::c_int {
+            use std::os::fd::AsRawFd;
+            let mut v: libc::c_int = 0;
+            let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            // SAFETY: `self` owns a live socket for the call; a pointer to a local `c_int` and
+            // its size, as getsockopt(2) requires; the kernel writes at most `len` bytes.
+            let rc = unsafe {
+                libc::getsockopt(
+                    self.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVLOWAT,
+                    (&mut v as *mut libc::c_int).cast(),
+                    &mut len,
+                )
+            };
+            assert_eq!(rc, 0);
+            v
+        }
     }
 
     #[test]
