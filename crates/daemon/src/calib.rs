@@ -428,11 +428,14 @@ mod tests {
     fn split_scatter_is_the_prior_until_a_split_of_that_engine_then_measured() {
         let c = Calibrations::default();
         assert_eq!(c.split_scatter("e", 0.03), (0.03, 0));
+        // One split 10 % under leaves the prior in the median; a second moves it.
+        c.observe_split_outcome("e", 0.03, 0.087, 0.115, 0.078);
+        assert_eq!(c.split_scatter("e", 0.03).1, 1);
         c.observe_split_outcome("e", 0.03, 0.087, 0.115, 0.078);
         let (s, n) = c.split_scatter("e", 0.03);
-        assert!(s > 0.03 && s < 0.1 && n == 1, "{s} {n}");
+        assert!(s > 0.03 && s < 0.1 && n == 2, "{s} {n}");
         c.observe_split_outcome("e", 0.03, 0.1, 0.1, f64::NAN); // refused, logged
-        assert_eq!(c.split_scatter("e", 0.5), (s, 1), "the prior no longer applies");
+        assert_eq!(c.split_scatter("e", 0.5), (s, 2), "the prior no longer applies");
         assert_eq!(c.split_scatter("other", 0.0), (0.0, 0), "per engine");
         c.observe_split_outcome("bad", f64::NAN, 0.1, 0.1, 0.1); // a bad prior: refused, logged
         assert_eq!(c.split_scatter("bad", 0.02), (0.02, 0));
