@@ -13,12 +13,12 @@
 //! estimate is the median of the last [`WINDOW`] samples, less one, clamped to
 //! `[0, MAX_INTERFERENCE]` (a split that ran faster than predicted says "none", not a
 //! negative slowdown); with no sample it is the configured prior, and until
-//! [`ANCHOR_SAMPLES`] samples exist the prior fills the median's missing places. The median
-//! keeps one outlier (a stalled fetch, a GC pause) from ruling splits out or in — the first
-//! sample included: a median of one sample is that sample, and the full benches of 2026-12-06
-//! evening had one cold first split (its prefill leg 21 % late, nothing slowed the fetch) price
-//! the next split's legs both 21 % slow and miss it by 18 %
-//! (`bench/results/full-2026-12-06-evening/`).
+//! [`ANCHOR_SAMPLES`](crate::calibration::ANCHOR_SAMPLES) samples exist the prior fills the
+//! median's missing places (`calibration::anchored_median`). The median keeps one outlier (a
+//! stalled fetch, a GC pause) from ruling splits out or in — the first sample included: a median of
+//! one sample is that sample, and the full benches of 2026-12-06 evening had one cold first split
+//! (its prefill leg 21 % late, nothing slowed the fetch) price the next split's legs both 21 % slow
+//! and miss it by 18 % (`bench/results/full-2026-12-06-evening/`).
 //!
 //! Pure: no clock, no I/O; the daemon keeps one per engine and passes the estimate into the
 //! decision's [`Policy`](crate::Policy).
@@ -31,9 +31,6 @@ use super::{CalibrationError, sample_non_negative, sample_seconds};
 pub const WINDOW: usize = 16;
 /// Largest interference the estimate reports (each leg at 1/5 of its speed).
 pub const MAX_INTERFERENCE: f64 = 4.0;
-/// Samples below which the prior still holds places in the median: one sample leaves the
-/// prior in force, two move the estimate to the middle of the prior and both.
-pub const ANCHOR_SAMPLES: usize = 3;
 
 /// One engine's split-interference calibration.
 #[derive(Debug, Clone, PartialEq)]
@@ -65,15 +62,15 @@ impl InterferenceCalibration {
         let measured = sample_seconds("split measured seconds", measured_s)?;
         let slowdown = ((1.0 + used) * measured / predicted).clamp(1.0, 1.0 + MAX_INTERFERENCE);
         let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, slowdown);
-        v.resize(v.len().max(ANCHOR_SAMPLES), 1.0 + self.prior);
-        self.estimate = (crate::calibration::median_of(&mut v) - 1.0).clamp(0.0, MAX_INTERFERENCE);
+        self.estimate = (crate::calibration::anchored_median(&mut v, 1.0 + self.prior) - 1.0)
+            .clamp(0.0, MAX_INTERFERENCE);
         self.samples += 1;
         Ok(())
     }
 
     /// The interference to plan the next split with: the median slowdown of the window (the
-    /// prior filling the places of the first [`ANCHOR_SAMPLES`] samples not yet taken), less
-    /// one.
+    /// prior filling the places of the first
+    /// [`ANCHOR_SAMPLES`](crate::calibration::ANCHOR_SAMPLES) samples not yet taken), less one.
     pub fn estimate(&self) -> f64 {
         self.estimate
     }
@@ -92,6 +89,7 @@ impl InterferenceCalibration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::ANCHOR_SAMPLES;
 
     #[test]
     fn the_prior_holds_until_samples_outvote_it() {

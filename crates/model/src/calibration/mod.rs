@@ -240,6 +240,18 @@ pub(crate) fn push_recent(window: &mut std::collections::VecDeque<f64>, cap: usi
     window.iter().copied().collect()
 }
 
+/// Samples below which a calibration's prior still holds places in its median: one sample
+/// leaves the prior in force, two move the median to the middle of the prior and both. The
+/// split scatter and the split interference both anchor this way.
+pub const ANCHOR_SAMPLES: usize = 3;
+
+/// Median of `v` with `anchor` filling the places of the first [`ANCHOR_SAMPLES`] values not
+/// yet taken (so a single sample cannot move it). `v` may be empty; it is sorted and grown.
+pub(crate) fn anchored_median(v: &mut Vec<f64>, anchor: f64) -> f64 {
+    v.resize(v.len().max(ANCHOR_SAMPLES), anchor);
+    median_of(v)
+}
+
 /// Median of a non-empty slice (mean of the middle two for even lengths); sorts it.
 pub(crate) fn median_of(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);

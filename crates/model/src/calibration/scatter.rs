@@ -24,9 +24,10 @@
 //! scatter, whose 15 % band held with probability 0.88 < 0.9: every later split of the profile
 //! (five, each 22–29 % faster in expectation) was declined, and a declined split is never run,
 //! so nothing could bring the estimate back (`bench/results/full-2026-12-07-tcp-lowat/`). Until
-//! [`ANCHOR_SAMPLES`] splits exist, the prior's own residual (`s₀ / 1.4826`) holds the median's
-//! places not yet taken, as in the split interference: one split does not move the median, a
-//! second like it does.
+//! [`ANCHOR_SAMPLES`](crate::calibration::ANCHOR_SAMPLES) splits exist, the prior's own residual
+//! (`s₀ / 1.4826`) holds the median's places not yet taken, as in the split interference (the
+//! same `calibration::anchored_median`): one split does not move the median, a second like it
+//! does.
 //!
 //! Pure: no clock, no I/O; the daemon keeps one per engine and passes the estimate into the
 //! decision's [`Policy`](crate::Policy).
@@ -43,8 +44,6 @@ pub const PRIOR_WEIGHT: f64 = 8.0;
 pub const MAX_SCATTER: f64 = 1.0;
 /// Median absolute deviation → sd for Gaussian residuals.
 const MAD_TO_SD: f64 = 1.4826;
-/// Splits below which the prior still holds places in the median.
-pub const ANCHOR_SAMPLES: usize = 3;
 
 /// One engine's split scatter.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,8 +74,8 @@ impl SplitScatter {
             .fold(f64::INFINITY, |a, b| if b.abs() < a.abs() { b } else { a });
         let mut v = crate::calibration::push_recent(&mut self.window, WINDOW, r.abs());
         let n = v.len() as f64;
-        v.resize(v.len().max(ANCHOR_SAMPLES), self.prior / MAD_TO_SD);
-        let mad = (MAD_TO_SD * crate::calibration::median_of(&mut v)).min(MAX_SCATTER);
+        let mad = (MAD_TO_SD * crate::calibration::anchored_median(&mut v, self.prior / MAD_TO_SD))
+            .min(MAX_SCATTER);
         let var = (PRIOR_WEIGHT * self.prior * self.prior + n * mad * mad) / (PRIOR_WEIGHT + n);
         self.estimate = var.sqrt().min(MAX_SCATTER);
         self.samples += 1;
@@ -102,14 +101,14 @@ impl SplitScatter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::calibration::ANCHOR_SAMPLES;
 
     /// The estimate from the prior and the absolute residuals `r` (the prior's residual in the
     /// median's places not yet taken).
     fn pooled(prior: f64, r: &[f64]) -> f64 {
         let n = r.len() as f64;
         let mut v = r.to_vec();
-        v.resize(v.len().max(ANCHOR_SAMPLES), prior / MAD_TO_SD);
-        let mad = MAD_TO_SD * crate::calibration::median_of(&mut v);
+        let mad = MAD_TO_SD * crate::calibration::anchored_median(&mut v, prior / MAD_TO_SD);
         ((PRIOR_WEIGHT * prior * prior + n * mad * mad) / (PRIOR_WEIGHT + n)).sqrt()
     }
 
