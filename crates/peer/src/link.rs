@@ -311,9 +311,7 @@ impl RecvHalf {
                 Err(e) => Err(conn_err(e)),
             },
             Self::Tcp(r, low) => {
-                if let Some(low) = low {
-                    low.before_read(0);
-                }
+                mark(low.as_mut(), 0);
                 r.read(buf).await.map_err(|e| io_err(&e))
             }
         }
@@ -324,9 +322,7 @@ impl RecvHalf {
     /// answer we just wrote before the peer has read it. QUIC needs none of this.
     pub(crate) async fn linger(&mut self) {
         if let Self::Tcp(r, low) = self {
-            if let Some(low) = low {
-                low.before_read(0);
-            }
+            mark(low.as_mut(), 0);
             let mut sink = [0u8; 4096];
             let drain = async { while matches!(r.read(&mut sink).await, Ok(n) if n > 0) {} };
             let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
@@ -354,19 +350,23 @@ async fn read_exact_tcp<R: AsyncRead + Unpin>(
         if got >= buf.len() {
             break Ok(());
         }
-        if let Some(low) = low.as_deref_mut() {
-            low.before_read(buf.len() - got);
-        }
+        mark(low.as_deref_mut(), buf.len() - got);
         match r.read(&mut buf[got..]).await {
             Ok(0) => break Err(ReadEnd::Finished(got)),
             Ok(n) => got += n,
             Err(e) => break Err(ReadEnd::Failed(io_err(&e))),
         }
     };
-    if let Some(low) = low {
-        low.before_read(0);
-    }
+    mark(low, 0);
     end
+}
+
+/// Sets the receive low-water mark, where the socket has one, for a read that still needs
+/// `remaining` bytes (0: the default mark, for a read of any length).
+fn mark(low: Option<&mut LowWater>, remaining: usize) {
+    if let Some(low) = low {
+        low.before_read(remaining);
+    }
 }
 
 /// Maps an I/O error of a TLS-over-TCP channel: a refused certificate or identity (ours
