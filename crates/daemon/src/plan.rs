@@ -751,14 +751,8 @@ fn candidate(a: MigrationAction, c: kvferry_model::Candidate, band: Option<Predi
 
 /// A split's wire form, with its two outcomes: its fetch leg on time or late.
 fn split_candidate(pt: &kvferry_model::SplitPoint, c: kvferry_model::Candidate) -> Candidate {
-    // One outcome's scatter around each of the two, and the two outcomes' own spread.
-    let q = if pt.late_probability > 0.0 { pt.late_probability } else { 0.0 };
-    let (on, late) = if q > 0.0 { (pt.on_time_seconds, pt.late_seconds) } else { (pt.seconds, pt.seconds) };
-    let var = (1.0 - q) * (pt.noise * on).powi(2)
-        + q * (pt.noise * late).powi(2)
-        + q * (1.0 - q) * (late - on).powi(2);
     Candidate {
-        sd_s: var.max(0.0).sqrt(),
+        sd_s: pt.sd_s(),
         late_probability: pt.late_probability,
         late_delay_s: if pt.late_probability > 0.0 { pt.late_seconds - pt.on_time_seconds } else { 0.0 },
         ..candidate(MigrationAction::Split, c, None)

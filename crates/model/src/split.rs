@@ -119,6 +119,18 @@ impl SplitPoint {
         }
         (1.0 - q) * within(self.on_time_seconds) + q * within(self.late_seconds)
     }
+
+    /// Standard deviation of the completion, in seconds: each outcome's own scatter (`noise`
+    /// times its time) mixed over the two outcomes, plus the spread between them. With no
+    /// tail it is `noise · seconds`.
+    pub fn sd_s(&self) -> f64 {
+        let q = if self.late_probability > 0.0 { self.late_probability.min(1.0) } else { 0.0 };
+        let (on, late) =
+            if q > 0.0 { (self.on_time_seconds, self.late_seconds) } else { (self.seconds, self.seconds) };
+        let n = if self.noise.is_finite() { self.noise.max(0.0) } else { 0.0 };
+        let var = (1.0 - q) * (n * on).powi(2) + q * (n * late).powi(2) + q * (1.0 - q) * (late - on).powi(2);
+        var.max(0.0).sqrt()
+    }
 }
 
 /// Most grid points the search evaluates one by one below the on-time crossing and between
@@ -541,5 +553,46 @@ mod tests {
         // The pure endpoints carry no scatter: they are not splits.
         assert_eq!(s.evaluate(0).noise, 0.0);
         assert_eq!(s.evaluate(1024).noise, 0.0);
+    }
+
+    /// The split's sd is the law of total variance over its two outcomes, checked against the
+    /// moments of the mixture computed directly (two Gaussians, weights 1 − q and q).
+    #[test]
+    fn a_splits_sd_is_its_outcomes_scatter_and_their_spread() {
+        let pt = SplitPoint {
+            recompute_tokens: 48,
+            fetch_tokens: 16,
+            compute_leg_seconds: 0.082,
+            fetch_leg_seconds: 0.101,
+            load_seconds: 0.0,
+            seconds: 0.102,
+            late_probability: 0.0,
+            on_time_seconds: 0.102,
+            late_seconds: 0.102,
+            noise: 0.0,
+        };
+        assert_eq!(pt.sd_s(), 0.0);
+        // No tail: the scatter around the one outcome.
+        assert!((SplitPoint { noise: 0.05, ..pt }.sd_s() - 0.05 * 0.102).abs() < 1e-15);
+        // A scatter that is not a number counts as none (as in `confidence`).
+        assert_eq!(SplitPoint { noise: f64::NAN, ..pt }.sd_s(), 0.0);
+        for (q, n) in [(0.54, 0.0), (0.54, 0.04), (0.1, 0.2), (1.0, 0.03)] {
+            let (on, late) = (0.087, 0.115);
+            let t =
+                SplitPoint { late_probability: q, on_time_seconds: on, late_seconds: late, noise: n, ..pt };
+            let mean = (1.0 - q) * on + q * late;
+            let second = (1.0 - q) * on * on * (1.0 + n * n) + q * late * late * (1.0 + n * n);
+            let direct = (second - mean * mean).max(0.0).sqrt();
+            assert!((t.sd_s() - direct).abs() < 1e-12, "{q} {n}: {} vs {direct}", t.sd_s());
+        }
+        // More scatter never narrows it; a later late outcome never narrows it.
+        let base = SplitPoint { late_probability: 0.3, on_time_seconds: 0.087, late_seconds: 0.115, ..pt };
+        let mut last = 0.0;
+        for n in [0.0, 0.01, 0.05, 0.1] {
+            let sd = SplitPoint { noise: n, ..base }.sd_s();
+            assert!(sd >= last, "{n}");
+            last = sd;
+        }
+        assert!(SplitPoint { late_seconds: 0.2, ..base }.sd_s() > base.sd_s());
     }
 }
