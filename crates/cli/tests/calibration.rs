@@ -29,6 +29,12 @@ async fn a_wrong_prior_is_corrected_within_n_migrations() {
         RegionSpec { engine_args: vec!["--profile-scale".into(), "0.1".into()], ..RegionSpec::default() },
     ]);
     let (mut a, mut b) = (cluster.engine(0).await, cluster.router(1).await);
+    // A registered engine is listed before any migration to it: its prior, no sample.
+    let links = b.get_links(GetLinksRequest {}).await.unwrap().into_inner();
+    let fresh =
+        links.engines.iter().find(|e| e.engine_id == "engine-b").unwrap_or_else(|| panic!("{links:?}"));
+    assert_eq!(fresh.calibration_samples, 0, "{fresh:?}");
+    assert!(fresh.linear_s_per_token > 0.0 && fresh.reported_linear_s_per_token > 0.0, "{fresh:?}");
     let mut ratios = Vec::new();
     let mut bands = Vec::new();
     for i in 0..N + 6 {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use kvferry_model::MigrationAction;
+use kvferry_pool::sync::LockExt;
 use kvferry_proto::v1::migration_server::Migration;
 use kvferry_proto::v1::{
     Decision, GetLinksRequest, GetLinksResponse, MigrateSessionRequest, MigrationEvent, ResidencyRequest,
@@ -202,6 +203,14 @@ impl Migration for MigrationService {
                 })
             })
             .collect();
+        // Every registered engine is listed, at its reported profile until a migration to it
+        // calibrates it (the same state its first plan would start from).
+        if self.shared.config.policy.calibrate {
+            for e in self.shared.registry.all() {
+                let profile = *e.profile.locked();
+                let _ = self.shared.calib.recompute(&e.engine_id, profile);
+            }
+        }
         let engines = self
             .shared
             .calib
