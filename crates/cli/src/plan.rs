@@ -85,7 +85,7 @@ pub struct PlanArgs {
     /// Let the split be the decision.
     #[arg(long)]
     allow_split: bool,
-    /// Fixed cost of a real split, ms (default 5).
+    /// Fixed cost of a real split, ms (default 0.5, as the daemon's).
     #[arg(long, allow_hyphen_values = true)]
     split_overhead_ms: Option<String>,
     /// Minimum gain of a split over the better pure action, in [0, 1] (default 0.05).

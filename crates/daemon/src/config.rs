@@ -995,6 +995,13 @@ mod tests {
     }
 
     #[test]
+    fn the_split_overhead_default_is_the_models() {
+        // `kvferry plan` (the model's default) and the daemon price a split alike.
+        let model = kvferry_model::Policy::default().split_overhead_s;
+        assert_eq!(Config::default().policy.split_overhead_ms / 1000.0, model);
+    }
+
+    #[test]
     fn the_fetch_policy_is_settable_and_defaults_to_the_peer_crates() {
         // Unset: exactly the peer crate's defaults.
         assert_eq!(Config::default().transfer.fetch_policy(), kvferry_peer::FetchPolicy::default());

@@ -126,7 +126,9 @@ impl Default for Policy {
             mode: Mode::Auto,
             allow_split: false,
             max_wire_bytes: None,
-            split_overhead_s: 0.005,
+            // The daemon's `[policy] split_overhead_ms` default (the benches' splits measured
+            // 0.0–0.2 ms beyond their slower leg, `calibration::overhead`).
+            split_overhead_s: 0.0005,
             split_min_gain: 0.05,
             split_granularity: 16,
             split_interference: 0.0,

@@ -1,12 +1,12 @@
 //! Split overhead: the seconds a real split costs beyond its slower leg, learnt from executed
 //! splits.
 //!
-//! The model charges a real split a fixed overhead (`[policy] split_overhead_ms`, 5 ms by
-//! default: an extra scheduling round and the merge) on top of its slower leg and the engine's
-//! load ([`crate::split`]). Whether an engine pays it, and how much, is a property of the
-//! engine and the daemon, not of the operator's guess: in the full benches of 2026-12-07 every
-//! executed split's wall exceeded its slower leg by 0.0–0.2 ms, and the 5 ms the model charged
-//! put every 64-token split (≈ 75 ms) 5–10 % under its prediction
+//! The model charges a real split a fixed overhead (`[policy] split_overhead_ms`: an extra
+//! scheduling round and the merge; 0.5 ms by default, 5 ms before the benches below) on top of its
+//! slower leg and the engine's load ([`crate::split`]). Whether an engine pays it, and how much, is
+//! a property of the engine and the daemon, not of the operator's guess: in the full benches of
+//! 2026-12-07 every executed split's wall exceeded its slower leg by 0.0–0.2 ms, and the 5 ms the
+//! model charged put every 64-token split (≈ 75 ms) 5–10 % under its prediction
 //! (`bench/results/full-2026-12-07-prior/`). That bias also entered the split scatter
 //! ([`super::SplitScatter`]) and the split interference ([`super::InterferenceCalibration`]),
 //! both learnt from the same splits' residuals.
