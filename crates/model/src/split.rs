@@ -493,13 +493,9 @@ mod tests {
         assert_eq!(gamble.confidence(1.0), 1.0);
     }
 
-    /// run3 of `bench/results/full-2026-12-06-split/`: a 48/16 split on the lossy link, on
-    /// time (87 ms) or late (115 ms) about evenly, expected at 102 ms: −14.7 % and +12.7 %,
-    /// both inside 15 % taken as exact; it came in 23 % under. With the splits' scatter
-    /// counted, each outcome is inside only part of the time and the split is declined.
-    #[test]
-    fn an_outcome_at_the_edge_of_the_band_counts_only_as_often_as_it_lands_inside() {
-        let edge = SplitPoint {
+    /// The 48/16 split of the lossy link below: on time (87 ms) or late (115 ms) about evenly.
+    fn lossy_edge() -> SplitPoint {
+        SplitPoint {
             recompute_tokens: 48,
             fetch_tokens: 16,
             compute_leg_seconds: 0.082,
@@ -510,7 +506,16 @@ mod tests {
             on_time_seconds: 0.087,
             late_seconds: 0.115,
             noise: 0.0,
-        };
+        }
+    }
+
+    /// run3 of `bench/results/full-2026-12-06-split/`: a 48/16 split on the lossy link, on
+    /// time (87 ms) or late (115 ms) about evenly, expected at 102 ms: −14.7 % and +12.7 %,
+    /// both inside 15 % taken as exact; it came in 23 % under. With the splits' scatter
+    /// counted, each outcome is inside only part of the time and the split is declined.
+    #[test]
+    fn an_outcome_at_the_edge_of_the_band_counts_only_as_often_as_it_lands_inside() {
+        let edge = lossy_edge();
         assert_eq!(edge.confidence(0.15), 1.0);
         let mut last = 1.0;
         for noise in [0.01, 0.02, 0.04, 0.08, 0.2] {
@@ -559,18 +564,8 @@ mod tests {
     /// moments of the mixture computed directly (two Gaussians, weights 1 − q and q).
     #[test]
     fn a_splits_sd_is_its_outcomes_scatter_and_their_spread() {
-        let pt = SplitPoint {
-            recompute_tokens: 48,
-            fetch_tokens: 16,
-            compute_leg_seconds: 0.082,
-            fetch_leg_seconds: 0.101,
-            load_seconds: 0.0,
-            seconds: 0.102,
-            late_probability: 0.0,
-            on_time_seconds: 0.102,
-            late_seconds: 0.102,
-            noise: 0.0,
-        };
+        let pt =
+            SplitPoint { late_probability: 0.0, on_time_seconds: 0.102, late_seconds: 0.102, ..lossy_edge() };
         assert_eq!(pt.sd_s(), 0.0);
         // No tail: the scatter around the one outcome.
         assert!((SplitPoint { noise: 0.05, ..pt }.sd_s() - 0.05 * 0.102).abs() < 1e-15);
