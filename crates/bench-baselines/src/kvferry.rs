@@ -1,8 +1,9 @@
 //! kvferry's own peer transport on the same link and at the same size as the baselines,
 //! without the daemon: two `PeerNode`s (A serves an in-memory payload, B fetches it and
 //! compares every landed chunk with the payload), tuned from the link's bandwidth-delay product
-//! as the daemon tunes them (4 data channels, the bench's congestion controller for QUIC, BBR
-//! for TCP where the kernel has it), once over QUIC (`kvferry-quic`) and once over TLS 1.3 on
+//! as the daemon tunes them (data channels by the link's rate, at most 4: `quic_streams`,
+//! `tcp_connections`; the bench's congestion controller for QUIC, BBR for TCP where the
+//! kernel has it), once over QUIC (`kvferry-quic`) and once over TLS 1.3 on
 //! TCP (`kvferry-tcp`): the transport choice measured beside the stacks it replaces.
 //!
 //! Same timing and CPU rules as the other socket baselines (see the crate docs): each side on

@@ -228,7 +228,7 @@ impl PeerNode {
         let remaining = stats.deadline.saturating_duration_since(Instant::now());
         let conn = tokio::time::timeout(
             remaining,
-            self.link_stripe(peer, addr, self.cfg.tuning.streams.max(1), stripe),
+            self.link_stripe(peer, addr, self.cfg.tuning.tcp_connections(), stripe),
         )
         .await
         .map_err(|_| WireError::DeadlineExceeded)??;

@@ -2,8 +2,9 @@
 //! QUIC (the same `rustls` configurations from [`crate::tls`]), for paths where UDP is blocked.
 //!
 //! A job (fetch, query, probe) runs on one *session*: the requester dials a control connection
-//! and, for a fetch, N data connections (N = the `streams` tuning) at once, each opening with a
-//! 24-byte [`Preamble`] that names the session and the connection's role. The owner serves the
+//! and, for a fetch, N data connections ([`LinkTuning::tcp_connections`]: one per 250 Mbit/s of
+//! the link's rate, at most the `streams` tuning) at once, each opening with a 24-byte
+//! [`Preamble`] that names the session and the connection's role. The owner serves the
 //! control connection exactly like a QUIC bidirectional stream and writes the transfer's chunks
 //! round-robin on the data connections it is handed by the [`Rendezvous`] (the data connections
 //! of a session must come from the region that opened its control connection). A session ends
@@ -383,7 +384,7 @@ fn tcp_rtt(s: &socket2::Socket) -> Option<Duration> {
 /// Binds the owner's TCP listener (buffers set before `listen`, so accepted sockets inherit
 /// them and window scaling covers them).
 pub(crate) fn bind_listener(addr: SocketAddr, tuning: &LinkTuning) -> std::io::Result<TcpListener> {
-    let s = new_socket(addr, tcp_buffer(tuning, tuning.streams))?;
+    let s = new_socket(addr, tcp_buffer(tuning, tuning.tcp_connections()))?;
     s.set_reuseaddr(true)?;
     s.bind(addr)?;
     s.listen(1024)

@@ -133,6 +133,22 @@ pub const DEFAULT_RECV_COALESCE: Duration = Duration::from_millis(1);
 /// worse (85.9 % at 150 ms).
 pub const QUIC_STREAM_BPS: f64 = 250e6;
 
+/// The payload rate one TCP data connection is given: a TCP session dials one data connection
+/// per this much of the link's expected rate, up to `streams` — the QUIC streams' rule.
+/// Measured (`bench/results/tcp-connections-2026-12-07/`, the bench's `kvferry-tcp` at 256 MiB,
+/// alternated twice): at 100 Mbit/s × 20 ms four BBR connections reached 87.4–87.7 % of the
+/// link (86.1–86.3 % with 0.1 % loss) where one reaches 93.9 % (94.6–94.7 %), the receiver
+/// spending 1.5–1.6 CPU s/GiB against 1.1–1.4. At 1 Gbit/s four stay (the full benches: four
+/// connections 76.6 / 53.1 / 77.5 % of the 50 ms, 150 ms and lossy profiles, one TCP+TLS
+/// stream 75.9 / 46.1 / 71.5 %).
+pub const TCP_CONNECTION_BPS: f64 = 250e6;
+
+/// Channels for a link of `bps`: one per `per_channel` of it, at least 1, at most `most`.
+fn channels_for(bps: f64, per_channel: f64, most: u32) -> u32 {
+    // NaN and negatives cast to 0 and are lifted to 1; the cast saturates above u32::MAX.
+    (((bps / per_channel).ceil()) as u32).clamp(1, most.max(1))
+}
+
 /// Datagrams a receive hold is sized to gather at the link's expected rate (see
 /// [`LinkTuning::recv_hold`]): each batch costs a wake-up, a timer and a `recvmmsg` round
 /// whatever its size.
@@ -180,8 +196,13 @@ impl LinkTuning {
     /// QUIC data streams per transfer: one per [`QUIC_STREAM_BPS`] of the expected rate, at
     /// least 1, at most `streams` (100 Mbit/s: 1; 1 Gbit/s: 4).
     pub fn quic_streams(&self) -> u32 {
-        // NaN and negatives cast to 0 and are lifted to 1; the cast saturates above u32::MAX.
-        (((self.bandwidth_bps / QUIC_STREAM_BPS).ceil()) as u32).clamp(1, self.streams.max(1))
+        channels_for(self.bandwidth_bps, QUIC_STREAM_BPS, self.streams)
+    }
+
+    /// TCP data connections per fetch session: one per [`TCP_CONNECTION_BPS`] of the expected
+    /// rate, at least 1, at most `streams` (100 Mbit/s: 1; 1 Gbit/s: 4).
+    pub fn tcp_connections(&self) -> u32 {
+        channels_for(self.bandwidth_bps, TCP_CONNECTION_BPS, self.streams)
     }
 
     /// Per-stream receive window: the connection window shared by the QUIC streams, at least
@@ -379,28 +400,33 @@ mod tests {
     }
 
     #[test]
-    fn quic_streams_follow_the_rate_up_to_the_setting() {
-        let at = |gbps: f64, streams: u32| {
-            LinkTuning { bandwidth_bps: gbps * 1e9, streams, ..LinkTuning::default() }.quic_streams()
+    fn quic_streams_and_tcp_connections_follow_the_rate_up_to_the_setting() {
+        let tuning = |gbps: f64, streams: u32| LinkTuning {
+            bandwidth_bps: gbps * 1e9,
+            streams,
+            ..LinkTuning::default()
         };
-        assert_eq!(at(0.1, 4), 1);
-        assert_eq!(at(0.25, 4), 1);
-        assert_eq!(at(0.3, 4), 2);
-        assert_eq!(at(1.0, 4), 4);
-        assert_eq!(at(10.0, 4), 4);
-        assert_eq!(at(10.0, 64), 40);
-        assert_eq!(at(1.0, 1), 1);
-        assert_eq!(at(1.0, 0), 1);
-        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let n = at(bad, 4);
-            assert!((1..=4).contains(&n), "{bad}: {n}");
-        }
-        // Monotone in the rate, never above the setting.
-        let mut last = 0;
-        for mbps in (0..20_000).step_by(50) {
-            let n = at(f64::from(mbps) / 1e3, 8);
-            assert!(n >= last && n <= 8, "{mbps}: {n}");
-            last = n;
+        for channels in [LinkTuning::quic_streams, LinkTuning::tcp_connections] {
+            let at = |gbps: f64, streams: u32| channels(&tuning(gbps, streams));
+            assert_eq!(at(0.1, 4), 1);
+            assert_eq!(at(0.25, 4), 1);
+            assert_eq!(at(0.3, 4), 2);
+            assert_eq!(at(1.0, 4), 4);
+            assert_eq!(at(10.0, 4), 4);
+            assert_eq!(at(10.0, 64), 40);
+            assert_eq!(at(1.0, 1), 1);
+            assert_eq!(at(1.0, 0), 1);
+            for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+                let n = at(bad, 4);
+                assert!((1..=4).contains(&n), "{bad}: {n}");
+            }
+            // Monotone in the rate, never above the setting.
+            let mut last = 0;
+            for mbps in (0..20_000).step_by(50) {
+                let n = at(f64::from(mbps) / 1e3, 8);
+                assert!(n >= last && n <= 8, "{mbps}: {n}");
+                last = n;
+            }
         }
     }
 
