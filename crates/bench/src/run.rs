@@ -20,9 +20,10 @@ use crate::session::{self, Allow};
 
 const MIB: u64 = 1 << 20;
 const GIB: f64 = (1u64 << 30) as f64;
-/// The short fetches, in tokens, each profile's decision sweep begins after (not scored): as
-/// many as the loss tail needs before it believes two modes, sizes across a BDP.
-const WARM_SHORT_FETCHES: [u64; 8] = [16, 32, 16, 48, 16, 64, 32, 96];
+/// The short fetches, in engine blocks, each profile's decision sweep begins after (not
+/// scored), on the reference engine and on vLLM alike: as many as the loss tail needs before
+/// it believes two modes, sizes across a BDP.
+pub(crate) const WARM_SHORT_FETCH_BLOCKS: [u64; 8] = [1, 2, 1, 3, 1, 4, 2, 6];
 
 /// The daemons' congestion controller for a profile: one for every profile, or `auto`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -853,8 +854,8 @@ async fn decisions(
     // the sweep's first points are decided from two or three, the coin flips of a lossy path
     // taken as its cost (`bench/results/lossy-small-fetches-2026-12-06/`).
     {
-        let mut walls = Vec::with_capacity(WARM_SHORT_FETCHES.len());
-        for &n in &WARM_SHORT_FETCHES {
+        let mut walls = Vec::with_capacity(WARM_SHORT_FETCH_BLOCKS.len());
+        for n in WARM_SHORT_FETCH_BLOCKS.map(|b| b * BLOCK_TOKENS) {
             let x = session::prompt(n as usize, seed);
             seed += 1;
             let f = session::fill(&mut eng_a, &x).await?;

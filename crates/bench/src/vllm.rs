@@ -212,6 +212,29 @@ pub async fn decisions(
         complete(b, v, &p, 2, &format!("warm-{seed}-{i}")).await?;
     }
     seed += 8;
+    // Short fetches, not scored, as in the reference engine's sweep: a daemon in service has
+    // fetched many short prefixes before any one decision, and without them the first point's
+    // fetch is the daemons' first transfer on a cold link.
+    let mut walls = Vec::with_capacity(crate::run::WARM_SHORT_FETCH_BLOCKS.len());
+    for n in crate::run::WARM_SHORT_FETCH_BLOCKS.map(|k| k * bs) {
+        let x = session::prompt(n as usize, seed);
+        seed += 1;
+        complete(a, v, &x, 1, session::TENANT).await?;
+        session::wait_for_holdings(&mut mig, &x, n, Duration::from_secs(60)).await?;
+        let m = session::migrate(
+            &mut mig,
+            &format!("vllm-warm-short-{seed}"),
+            &x,
+            PolicyMode::Fetch,
+            Allow::PURE,
+        )
+        .await?;
+        if m.receipt.kind() != kvferry_proto::v1::Action::Fetch || !m.receipt.fallback.is_empty() {
+            bail!("warm-up fetch of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
+        }
+        walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+    }
+    println!("  short fetches (calibration, not scored), tokens: s — {}", walls.join(", "));
     // The longest prefix vLLM can hold in one request, in whole blocks.
     let max_tokens = (u64::from(v.max_model_len) - 32) / bs * bs;
     let probe = session::prompt(max_tokens as usize, seed);
@@ -269,6 +292,16 @@ pub async fn decisions(
                 )
                 .await?;
                 session::record_hedge(&mut p, &hedged)?;
+                // As for the fetch: the hedge ends, for vLLM, once its next turn has loaded
+                // what was fetched (nothing after a recompute won).
+                let mut turn = w.clone();
+                turn.extend(session::prompt(16, seed + 8));
+                let us0 = crate::run::target_load_us(regions).await;
+                complete(b, v, &turn, 1, session::TENANT).await?;
+                let load_s = (crate::run::target_load_us(regions).await - us0).max(0.0) / 1e6;
+                if let Some(h) = p.measured_hedge_s.as_mut() {
+                    *h += load_s;
+                }
             }
             println!(
                 "    {n:>5} tokens: chose {:<9} predicted fetch {:.3} s / recompute {:.3} s; measured {:.3} / {:.3}; next turn cached {cached_fetch} (plan {:.0} ms)",
