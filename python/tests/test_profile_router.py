@@ -17,6 +17,33 @@ def test_fit_recovers_a_known_profile():
     assert fit.attention_s_per_pair == pytest.approx(b, rel=1e-6)
 
 
+def test_fit_recovers_a_fixed_cost_per_step():
+    # vLLM's CPU build: every step costs ~20 ms whatever its tokens. Without the fixed term a
+    # fit over short and long steps read it as a per-token cost.
+    f = ProfileFit(min_tokens=1)
+    fixed, a, b = 0.02, 2e-4, 3e-8
+    shapes = [(0, 16), (4096, 16), (0, 128), (0, 384), (256, 64), (0, 1024), (128, 300)]
+    for c, n in shapes:
+        f.add(c, n, fixed + a * n + b * pairs(c, n))
+    fit = f.fit()
+    assert fit is not None and fit.samples == len(shapes)
+    assert fit.fixed_s == pytest.approx(fixed, rel=1e-6)
+    assert fit.linear_s_per_token == pytest.approx(a, rel=1e-6)
+    assert fit.attention_s_per_pair == pytest.approx(b, rel=1e-6)
+    # Steps that fit no fixed cost get none (not a negative one): exact data from the profile
+    # without it.
+    g = ProfileFit(min_tokens=1)
+    for c, n in shapes:
+        g.add(c, n, a * n + b * pairs(c, n) - (1e-6 if n == 16 else 0.0))
+    fit = g.fit()
+    assert (
+        fit is not None
+        and fit.fixed_s == 0.0
+        and fit.linear_s_per_token > 0
+        and fit.attention_s_per_pair >= 0
+    )
+
+
 def test_fit_clamps_to_a_positive_linear_term():
     f = ProfileFit(min_tokens=1)
     assert f.fit() is None

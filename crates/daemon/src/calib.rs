@@ -114,13 +114,16 @@ impl Calibrations {
             Some(e) => {
                 if e.base != profile {
                     e.cal.rebase(&prior).ok()?;
+                    e.cal.set_fixed_prior(profile.fixed_s).ok()?;
                     e.base = profile;
                 }
                 e
             }
             None => {
-                let cal = RecomputeCalibration::new(&prior, RecomputeSpread::default(), FitConfig::default())
-                    .ok()?;
+                let mut cal =
+                    RecomputeCalibration::new(&prior, RecomputeSpread::default(), FitConfig::default())
+                        .ok()?;
+                cal.set_fixed_prior(profile.fixed_s).ok()?;
                 all.entry(engine_id.to_owned()).or_insert(EngineCal { base: profile, cal })
             }
         };
@@ -330,7 +333,7 @@ mod tests {
         }
     }
 
-    const PROFILE: Profile = Profile { linear_s_per_token: 1e-3, attention_s_per_pair: 1e-7 };
+    const PROFILE: Profile = Profile { linear_s_per_token: 1e-3, attention_s_per_pair: 1e-7, fixed_s: 0.0 };
 
     #[test]
     fn the_fetch_prior_follows_the_figures_until_the_first_sample() {
@@ -476,7 +479,7 @@ mod tests {
         c.observe_fetch("b", &fig, FetchObservation { wire_bytes: 1, seconds: f64::NAN, rtt_s: 0.05 });
         assert_eq!(c.fetch("b", &fig).unwrap().samples(), 0);
         assert!(c.fetch("b", &figures(0.0, 0.05)).is_none());
-        let bad = Profile { linear_s_per_token: 0.0, attention_s_per_pair: 0.0 };
+        let bad = Profile { linear_s_per_token: 0.0, attention_s_per_pair: 0.0, fixed_s: 0.0 };
         assert!(c.recompute("e", bad).is_none());
         c.observe_recompute(
             "e",
@@ -502,12 +505,25 @@ mod tests {
         assert!((p / (3.0 * model.recompute_seconds(200)) - 1.0).abs() < 0.10, "{p}");
         // The engine now reports a profile 2x slower: the correction is relative to it, and the
         // prediction of wall time stays where the samples put it.
-        let slower = Profile { linear_s_per_token: 2e-3, attention_s_per_pair: 2e-7 };
+        let slower = Profile { linear_s_per_token: 2e-3, attention_s_per_pair: 2e-7, fixed_s: 0.0 };
         let q = c.recompute("e", slower).unwrap().predict(200, 0, 0.0).unwrap().seconds;
         assert!((q / p - 1.0).abs() < 0.10, "{q} vs {p}");
         let engines = c.engines();
         assert_eq!(engines.len(), 1);
         assert_eq!((engines[0].0.as_str(), engines[0].1), ("e", slower));
         assert_eq!(engines[0].2.samples, 6);
+    }
+
+    #[test]
+    fn an_engines_fixed_cost_per_step_is_priced_from_its_first_plan() {
+        let c = Calibrations::default();
+        let model = prior_profile(PROFILE).unwrap();
+        let with = Profile { fixed_s: 0.03, ..PROFILE };
+        let p = c.recompute("e", with).unwrap().predict(16, 0, 0.0).unwrap().seconds;
+        assert!((p - (0.03 + model.recompute_seconds(16))).abs() < 1e-9, "{p}");
+        assert!((c.recompute("e", with).unwrap().estimate().fixed_s - 0.03).abs() < 1e-12);
+        // The engine stops reporting one (or reports another): the prior follows it.
+        let q = c.recompute("e", PROFILE).unwrap().predict(16, 0, 0.0).unwrap().seconds;
+        assert!((q - model.recompute_seconds(16)).abs() < 1e-9, "{q}");
     }
 }

@@ -556,7 +556,11 @@ mod tests {
             fingerprint,
             digest,
             backend,
-            profile: Mutex::new(Profile { linear_s_per_token: 1e-4, attention_s_per_pair: 0.0 }),
+            profile: Mutex::new(Profile {
+                linear_s_per_token: 1e-4,
+                attention_s_per_pair: 0.0,
+                fixed_s: 0.0,
+            }),
             load: Mutex::new(EngineLoad::default()),
             blocks: Default::default(),
             commands: Mutex::new(None),

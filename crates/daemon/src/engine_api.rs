@@ -353,15 +353,7 @@ impl Engine for EngineService {
             }
             None => return Err(DaemonError::invalid("access is required").into()),
         };
-        let profile = r.profile.unwrap_or_default();
-        let linear_ok = profile.linear_s_per_token.is_finite() && profile.linear_s_per_token > 0.0;
-        let attention_ok = profile.attention_s_per_pair.is_finite() && profile.attention_s_per_pair >= 0.0;
-        if !(linear_ok && attention_ok) {
-            return Err(DaemonError::invalid(
-                "profile: linear_s_per_token must be > 0 and attention_s_per_pair >= 0",
-            )
-            .into());
-        }
+        let profile = Profile::reported(&r.profile.unwrap_or_default()).map_err(DaemonError::invalid)?;
         let fingerprint = layout.fingerprint(&r.model_id);
         let digest = fingerprint.digest_bytes();
         if self.shared.config.limits.landing_prefault {
@@ -383,10 +375,7 @@ impl Engine for EngineService {
             fingerprint,
             digest,
             backend,
-            profile: std::sync::Mutex::new(Profile {
-                linear_s_per_token: profile.linear_s_per_token,
-                attention_s_per_pair: profile.attention_s_per_pair,
-            }),
+            profile: std::sync::Mutex::new(profile),
             load: std::sync::Mutex::new(EngineLoad::default()),
             blocks: Default::default(),
             commands: std::sync::Mutex::new(None),
@@ -674,14 +663,9 @@ fn apply_event(
                 let mut load = engine.load.locked();
                 *load = EngineLoad { queue_depth: l.queue_depth, utilization: l.utilization };
             }
-            if let Some(p) = l.profile
-                && p.linear_s_per_token > 0.0
-                && p.attention_s_per_pair >= 0.0
-            {
-                *engine.profile.locked() = Profile {
-                    linear_s_per_token: p.linear_s_per_token,
-                    attention_s_per_pair: p.attention_s_per_pair,
-                };
+            // A profile that is none (see `Profile::reported`) leaves the last one in force.
+            if let Some(p) = l.profile.as_ref().and_then(|p| Profile::reported(p).ok()) {
+                *engine.profile.locked() = p;
             }
         }
         Some(engine_event::Event::RecomputeDone(d)) => {

@@ -597,9 +597,13 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         let l = p.engine.load.locked();
         compute_utilization(l.queue_depth, l.utilization)
     };
+    // The engine's fixed cost per step spread over the priced prefix, as the calibration
+    // spreads its own (which replaces this when there is one).
+    let priced = priced_tokens(p);
+    let fixed_per_token = if priced > 0 { prof.fixed_s / priced as f64 } else { 0.0 };
     let m = Measured {
         kv: footprint(&p.engine)?,
-        linear_s_per_token: prof.linear_s_per_token,
+        linear_s_per_token: prof.linear_s_per_token + fixed_per_token,
         attention_s_per_pair: prof.attention_s_per_pair,
         goodput_bps: fig.goodput_bps,
         rtt_s: fig.rtt_s,
@@ -609,15 +613,9 @@ fn measured(p: &Prepared) -> Result<Option<Measured>, DaemonError> {
         load_s_per_byte: p.load_s_per_byte,
         fetch_tail: kvferry_model::FetchTail::NONE,
     };
-    kvferry_model::calibrated(
-        &m,
-        p.fetch_cal.as_ref(),
-        p.recompute_cal.as_ref(),
-        p.engine_load,
-        priced_tokens(p),
-    )
-    .map(Some)
-    .map_err(|e| DaemonError::internal(format!("calibration: {e}")))
+    kvferry_model::calibrated(&m, p.fetch_cal.as_ref(), p.recompute_cal.as_ref(), p.engine_load, priced)
+        .map(Some)
+        .map_err(|e| DaemonError::internal(format!("calibration: {e}")))
 }
 
 /// The calibrated predictions (mean and band) of fetching and of recomputing what the model
@@ -869,6 +867,7 @@ pub fn engine_calibration(
         calibration_samples: e.samples.min(u64::from(u32::MAX)) as u32,
         reported_linear_s_per_token: reported.linear_s_per_token,
         reported_attention_s_per_pair: reported.attention_s_per_pair,
+        reported_fixed_s: reported.fixed_s,
         load_factor: e.load_factor,
         split_interference,
         split_samples: split_samples.min(u64::from(u32::MAX)) as u32,

@@ -13,11 +13,36 @@ use kvferry_pool::sync::LockExt;
 use kvferry_proto::v1::DaemonCommand;
 use tokio::sync::mpsc;
 
-/// A measured prefill profile: `seconds(c, n) = a·n + b·(n·c + n(n+1)/2)`.
+/// A measured prefill profile: `seconds(c, n) = f + a·n + b·(n·c + n(n+1)/2)` per step.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Profile {
     pub linear_s_per_token: f64,
     pub attention_s_per_pair: f64,
+    /// Seconds every prefill step costs whatever its tokens (0: the engine measures none).
+    pub fixed_s: f64,
+}
+
+impl Profile {
+    /// The profile an engine reported (`RegisterPool`, `LoadReport`), or why it is none:
+    /// `linear_s_per_token` finite and > 0, `attention_s_per_pair` finite and ≥ 0, `fixed_s`
+    /// finite in `[0, MAX_FIXED_PRIOR_S]`.
+    pub fn reported(p: &kvferry_proto::v1::PrefillProfile) -> Result<Self, &'static str> {
+        let linear_ok = p.linear_s_per_token.is_finite() && p.linear_s_per_token > 0.0;
+        let attention_ok = p.attention_s_per_pair.is_finite() && p.attention_s_per_pair >= 0.0;
+        if !(linear_ok && attention_ok) {
+            return Err("profile: linear_s_per_token must be > 0 and attention_s_per_pair >= 0");
+        }
+        if !(p.fixed_s.is_finite()
+            && (0.0..=kvferry_model::calibration::recompute::MAX_FIXED_PRIOR_S).contains(&p.fixed_s))
+        {
+            return Err("profile: fixed_s must be in [0, 60] seconds");
+        }
+        Ok(Self {
+            linear_s_per_token: p.linear_s_per_token,
+            attention_s_per_pair: p.attention_s_per_pair,
+            fixed_s: p.fixed_s,
+        })
+    }
 }
 
 /// Engine-reported load.
@@ -198,6 +223,38 @@ pub fn choose_target(want: &TargetFilter<'_>, engines: &[(&str, &str, &[u8; 32],
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reported_profile_is_checked_whole() {
+        let ok = kvferry_proto::v1::PrefillProfile {
+            linear_s_per_token: 1e-4,
+            attention_s_per_pair: 1e-9,
+            samples: 3,
+            fixed_s: 0.02,
+        };
+        assert_eq!(
+            Profile::reported(&ok),
+            Ok(Profile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, fixed_s: 0.02 })
+        );
+        // An engine that measures no fixed cost (an older one: the field absent) prices none.
+        assert_eq!(
+            Profile::reported(&kvferry_proto::v1::PrefillProfile { fixed_s: 0.0, ..ok }).unwrap().fixed_s,
+            0.0
+        );
+        for bad in [
+            kvferry_proto::v1::PrefillProfile { linear_s_per_token: 0.0, ..ok },
+            kvferry_proto::v1::PrefillProfile { linear_s_per_token: f64::INFINITY, ..ok },
+            kvferry_proto::v1::PrefillProfile { linear_s_per_token: f64::NAN, ..ok },
+            kvferry_proto::v1::PrefillProfile { attention_s_per_pair: -1e-9, ..ok },
+            kvferry_proto::v1::PrefillProfile { attention_s_per_pair: f64::INFINITY, ..ok },
+            kvferry_proto::v1::PrefillProfile { fixed_s: -0.01, ..ok },
+            kvferry_proto::v1::PrefillProfile { fixed_s: f64::NAN, ..ok },
+            kvferry_proto::v1::PrefillProfile { fixed_s: 61.0, ..ok },
+            kvferry_proto::v1::PrefillProfile::default(),
+        ] {
+            assert!(Profile::reported(&bad).unwrap_err().starts_with("profile: "), "{bad:?}");
+        }
+    }
 
     #[test]
     fn one_content_per_block_id_and_fresh_generations() {

@@ -94,6 +94,9 @@ pub fn profile_msg(p: Option<&CoreProfile>, scale: f64) -> Option<PrefillProfile
         linear_s_per_token: p.a_linear_s_per_token * scale,
         attention_s_per_pair: p.b_attention_s_per_pair * scale,
         samples: u32::try_from(p.points.len() as u64 + p.observations).unwrap_or(u32::MAX),
+        // The reference engine times its prefill on the thread's CPU clock, per request, with
+        // no loop around it: it measures no fixed cost per step.
+        fixed_s: 0.0,
     })
 }
 

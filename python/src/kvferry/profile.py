@@ -1,7 +1,13 @@
 """A measured prefill profile from an engine's own steps:
-``seconds(c, n) = linear * n + attention * (n*c + n*(n+1)/2)`` for ``n`` new tokens after
-``c`` cached ones (the daemon's `PrefillProfile`), fitted by least squares over a window of
-recent (c, n, seconds) samples, and the engine's queue for `LoadReport`.
+``seconds(c, n) = fixed + linear * n + attention * (n*c + n*(n+1)/2)`` for ``n`` new tokens
+after ``c`` cached ones (the daemon's `PrefillProfile`), fitted by least squares over a window
+of recent (c, n, seconds) samples, and the engine's queue for `LoadReport`.
+
+The fixed term is what every step costs whatever its tokens (the engine's loop, scheduling,
+kernel launches). Fitted without it, a short step's fixed cost is read as a per-token cost: on
+vLLM's CPU build a 16-token step took 10-65 ms and a 1,280-token one 0.25-0.48 s, and the
+linear term reported from such a mix moved between 0.05 and 0.5 ms/token from run to run
+(`bench/results/bench-vllm-2026-12-07/`).
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ class Fit:
     linear_s_per_token: float
     attention_s_per_pair: float
     samples: int
+    fixed_s: float = 0.0
 
 
 def pairs(c: int, n: int) -> float:
@@ -56,22 +63,60 @@ class ProfileFit:
             return len(self._samples)
 
     def fit(self) -> Fit | None:
-        """The fit, or None without samples. Solves the 2x2 normal equations; a negative
-        attention term is clamped to 0 and the linear term refitted alone."""
+        """The fit, or None without samples: least squares of ``seconds`` on (1, n, pairs)
+        with every term non-negative and the linear one positive. Each subset of the terms
+        (always with the linear one) is solved from its normal equations; the feasible
+        solution with the smallest squared error wins, so a fixed or attention term the
+        samples do not support is 0 rather than negative."""
         with self._lock:
             s = list(self._samples)
         if not s:
             return None
-        sxx = sum(n * n for n, _, _ in s)
-        sxy = sum(n * p for n, p, _ in s)
-        syy = sum(p * p for _, p, _ in s)
-        sxt = sum(n * t for n, _, t in s)
-        syt = sum(p * t for _, p, t in s)
-        det = sxx * syy - sxy * sxy
-        a = b = -1.0
-        if len(s) >= 2 and det > 1e-12 * max(1.0, sxx * syy):
-            a = (sxt * syy - syt * sxy) / det
-            b = (syt * sxx - sxt * sxy) / det
-        if not (a > 0 and b >= 0):
-            a, b = sxt / sxx, 0.0
-        return Fit(linear_s_per_token=a, attention_s_per_pair=b, samples=len(s))
+        rows = [(1.0, n, p) for n, p, _ in s]
+        ys = [t for _, _, t in s]
+        best: tuple[float, list[float]] | None = None
+        for terms in ((0, 1, 2), (1, 2), (0, 1), (1,)):
+            if len(s) < len(terms):
+                continue
+            coef = _least_squares([[r[j] for j in terms] for r in rows], ys)
+            if coef is None:
+                continue
+            full = [0.0, 0.0, 0.0]
+            for j, c in zip(terms, coef, strict=True):
+                full[j] = c
+            if not (full[1] > 0 and full[0] >= 0 and full[2] >= 0):
+                continue
+            err = sum(
+                (y - (full[0] + full[1] * r[1] + full[2] * r[2])) ** 2 for r, y in zip(rows, ys, strict=True)
+            )
+            if best is None or err < best[0] * (1 - 1e-9):
+                best = (err, full)
+        if best is None:
+            # Every subset infeasible (a negative slope through the samples): the mean cost
+            # per token, as before the fixed term existed.
+            full = [0.0, sum(ys) / sum(r[1] for r in rows), 0.0]
+        else:
+            full = best[1]
+        return Fit(linear_s_per_token=full[1], attention_s_per_pair=full[2], samples=len(s), fixed_s=full[0])
+
+
+def _least_squares(x: list[list[float]], y: list[float]) -> list[float] | None:
+    """Solves min |x b - y|^2 by its normal equations (columns scaled to unit size, Gaussian
+    elimination with partial pivoting); None when they are singular."""
+    k = len(x[0])
+    scale = [max(max(abs(r[j]) for r in x), 1e-300) for j in range(k)]
+    xs = [[r[j] / scale[j] for j in range(k)] for r in x]
+    a = [
+        [sum(r[i] * r[j] for r in xs) for j in range(k)] + [sum(r[i] * t for r, t in zip(xs, y, strict=True))]
+        for i in range(k)
+    ]
+    for c in range(k):
+        piv = max(range(c, k), key=lambda i: abs(a[i][c]))
+        if abs(a[piv][c]) < 1e-12 * max(1.0, max(abs(a[i][i]) for i in range(k))):
+            return None
+        a[c], a[piv] = a[piv], a[c]
+        for i in range(k):
+            if i != c:
+                f = a[i][c] / a[c][c]
+                a[i] = [u - f * v for u, v in zip(a[i], a[c], strict=True)]
+    return [a[i][k] / a[i][i] / scale[i] for i in range(k)]

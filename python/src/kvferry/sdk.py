@@ -429,4 +429,5 @@ def _profile_pb(p: Fit) -> pb.PrefillProfile:
         linear_s_per_token=p.linear_s_per_token,
         attention_s_per_pair=p.attention_s_per_pair,
         samples=p.samples,
+        fixed_s=p.fixed_s,
     )

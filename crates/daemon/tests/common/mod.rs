@@ -40,7 +40,7 @@ pub fn region_lens() -> Vec<u64> {
 
 /// A plausible measured profile.
 pub fn profile() -> PrefillProfile {
-    PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1 }
+    PrefillProfile { linear_s_per_token: 1e-4, attention_s_per_pair: 1e-9, samples: 1, fixed_s: 0.0 }
 }
 
 /// Region `region` on loopback (every port 0), its run dir and the dev CA under `dir` (daemons

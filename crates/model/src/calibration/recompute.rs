@@ -45,6 +45,8 @@ const D: usize = 5;
 const MAX_LOAD: f64 = 1e6;
 /// Smallest per-token cost the calibrated [`ComputeModel`] is given (it must be positive).
 const MIN_LINEAR_S: f64 = 1e-12;
+/// Largest fixed cost per prefill step an engine may report, seconds.
+pub const MAX_FIXED_PRIOR_S: f64 = 60.0;
 
 /// One completed recompute, as the daemon measured it.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -112,6 +114,8 @@ pub struct RecomputeCalibration {
     linear_s: f64,
     attention_s: f64,
     spread: RecomputeSpread,
+    /// The prior's fixed seconds per recompute: the engine's reported fixed cost per step.
+    fixed_prior_s: f64,
 }
 
 impl RecomputeCalibration {
@@ -123,16 +127,38 @@ impl RecomputeCalibration {
         cfg: FitConfig,
     ) -> Result<Self, CalibrationError> {
         cfg.validate()?;
-        let (mean, sd) = prior_of(&spread)?;
+        let (mean, sd) = prior_of(&spread, 0.0)?;
         let (linear_s, attention_s) = terms_of(profile)?;
-        Ok(Self { fit: RobustFit::new(cfg, mean, sd), correction: None, linear_s, attention_s, spread })
+        Ok(Self {
+            fit: RobustFit::new(cfg, mean, sd),
+            correction: None,
+            linear_s,
+            attention_s,
+            spread,
+            fixed_prior_s: 0.0,
+        })
+    }
+
+    /// The engine reported what each prefill step costs whatever its tokens
+    /// (`PrefillProfile.fixed_s`): the prior's fixed cost becomes that, with an sd of at least
+    /// as much, and the window is refitted. 0 (the default) is an engine that measures none.
+    pub fn set_fixed_prior(&mut self, fixed_s: f64) -> Result<(), CalibrationError> {
+        let fixed = sample_non_negative("recompute fixed prior", fixed_s, MAX_FIXED_PRIOR_S)?;
+        if fixed == self.fixed_prior_s {
+            return Ok(());
+        }
+        let (mean, sd) = prior_of(&self.spread, fixed)?;
+        self.fixed_prior_s = fixed;
+        self.fit.rebase(mean, sd);
+        self.correction = self.size_correction_now();
+        Ok(())
     }
 
     /// The engine reported a new profile: keep the window, re-express it against the new
     /// profile, and refit. The corrections then are relative to the new profile.
     pub fn rebase(&mut self, profile: &ComputeModel) -> Result<(), CalibrationError> {
         let (linear_s, attention_s) = terms_of(profile)?;
-        let (mean, sd) = prior_of(&self.spread)?;
+        let (mean, sd) = prior_of(&self.spread, self.fixed_prior_s)?;
         let (old_l, old_a) = (self.linear_s, self.attention_s);
         let rescale = |x: &[f64; D]| {
             let l = if old_l > 0.0 { x[2] / old_l * linear_s } else { 0.0 };
@@ -271,14 +297,16 @@ fn terms_of(profile: &ComputeModel) -> Result<(f64, f64), ModelError> {
     Ok((c.linear_seconds_per_token(), c.attention_seconds_per_pair()))
 }
 
-fn prior_of(spread: &RecomputeSpread) -> Result<([f64; D], [f64; D]), ModelError> {
+/// The prior's means and sds: the profile is right, with `fixed_s` of fixed cost (sd at
+/// least `fixed_s`: the engine's own figure may be off by its size).
+fn prior_of(spread: &RecomputeSpread, fixed_s: f64) -> Result<([f64; D], [f64; D]), ModelError> {
     positive("spread.fixed_s", spread.fixed_s)?;
     positive("spread.scale", spread.scale)?;
     positive("spread.shape", spread.shape)?;
     positive("spread.load_factor", spread.load_factor)?;
     Ok((
-        [0.0, 1.0, 0.0, 0.0, 0.0],
-        [spread.fixed_s, spread.scale, spread.shape, spread.shape, spread.load_factor],
+        [fixed_s, 1.0, 0.0, 0.0, 0.0],
+        [spread.fixed_s.max(fixed_s), spread.scale, spread.shape, spread.shape, spread.load_factor],
     ))
 }
 
@@ -301,6 +329,46 @@ mod tests {
         assert!((m.recompute_span_seconds(64, 192) - want).abs() < 1e-12);
         assert_eq!(c.predict(0, 10, 0.0).unwrap().seconds, 0.0);
         assert!(c.predict(1, 0, -1.0).is_err());
+    }
+
+    #[test]
+    fn the_engines_fixed_cost_per_step_is_the_priors() {
+        let mut c =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        let before = c.clone();
+        for bad in [f64::NAN, -0.01, f64::INFINITY, MAX_FIXED_PRIOR_S + 1.0] {
+            assert!(c.set_fixed_prior(bad).is_err(), "{bad}");
+            assert_eq!(c, before);
+        }
+        c.set_fixed_prior(0.02).unwrap();
+        let want = 0.02 + profile().recompute_span_seconds(64, 192);
+        let p = c.predict(192, 64, 0.0).unwrap();
+        assert!((p.seconds - want).abs() < 1e-9, "{} vs {want}", p.seconds);
+        assert!((c.estimate().fixed_s - 0.02).abs() < 1e-12);
+        assert_eq!(c.predict(0, 10, 0.0).unwrap().seconds, 0.0, "prefilling nothing costs nothing");
+        // A new profile keeps the engine's fixed cost.
+        c.rebase(&ComputeModel::from_measured(2.6e-3, 4e-7).unwrap()).unwrap();
+        assert!((c.estimate().fixed_s - 0.02).abs() < 1e-12);
+        // Recomputes that cost it are predicted from the first: a 16-token one (the fixed cost
+        // is half of it) within 1 %, where the prior without it is off by nearly half.
+        let truth = |n: u64| 0.02 + profile().recompute_span_seconds(0, n);
+        let mut with =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        with.set_fixed_prior(0.02).unwrap();
+        let without =
+            RecomputeCalibration::new(&profile(), RecomputeSpread::default(), FitConfig::default()).unwrap();
+        let err = |c: &RecomputeCalibration| (c.predict(16, 0, 0.0).unwrap().seconds / truth(16) - 1.0).abs();
+        assert!(err(&with) < 0.01 && err(&without) > 0.45, "{} / {}", err(&with), err(&without));
+        for n in [64, 512, 16, 1024] {
+            with.observe(RecomputeObservation {
+                new_tokens: n,
+                cached_tokens: 0,
+                load: 0.0,
+                seconds: truth(n),
+            })
+            .unwrap();
+        }
+        assert!(err(&with) < 0.01, "{}", err(&with));
     }
 
     #[test]

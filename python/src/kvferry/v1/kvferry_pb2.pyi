@@ -292,7 +292,7 @@ class LinkState(_message.Message):
     def __init__(self, region: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., goodput_gbps: _Optional[float] = ..., age_s: _Optional[float] = ..., confidence: _Optional[float] = ..., fetch_utilization: _Optional[float] = ..., prediction_error: _Optional[float] = ..., connected: _Optional[bool] = ..., samples: _Optional[int] = ..., fixed_ms: _Optional[float] = ..., fixed_sd_ms: _Optional[float] = ..., fixed_rtts: _Optional[float] = ..., calibrated_goodput_gbps: _Optional[float] = ..., per_byte_relative_sd: _Optional[float] = ..., fetch_noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., transport_setting: _Optional[str] = ..., transport: _Optional[str] = ..., late_hazard_per_packet: _Optional[float] = ..., late_delay_rtts: _Optional[float] = ..., late_fraction: _Optional[float] = ...) -> None: ...
 
 class EngineCalibration(_message.Message):
-    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor", "split_interference", "split_samples", "hedge_interference", "hedge_samples", "load_s_per_byte", "load_samples", "split_scatter", "split_overhead_s")
+    __slots__ = ("engine_id", "linear_s_per_token", "attention_s_per_pair", "fixed_s", "noise", "calibration_samples", "reported_linear_s_per_token", "reported_attention_s_per_pair", "load_factor", "split_interference", "split_samples", "hedge_interference", "hedge_samples", "load_s_per_byte", "load_samples", "split_scatter", "split_overhead_s", "reported_fixed_s")
     ENGINE_ID_FIELD_NUMBER: _ClassVar[int]
     LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,7 @@ class EngineCalibration(_message.Message):
     LOAD_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     SPLIT_SCATTER_FIELD_NUMBER: _ClassVar[int]
     SPLIT_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_FIXED_S_FIELD_NUMBER: _ClassVar[int]
     engine_id: str
     linear_s_per_token: float
     attention_s_per_pair: float
@@ -327,7 +328,8 @@ class EngineCalibration(_message.Message):
     load_samples: int
     split_scatter: float
     split_overhead_s: float
-    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ..., split_interference: _Optional[float] = ..., split_samples: _Optional[int] = ..., hedge_interference: _Optional[float] = ..., hedge_samples: _Optional[int] = ..., load_s_per_byte: _Optional[float] = ..., load_samples: _Optional[int] = ..., split_scatter: _Optional[float] = ..., split_overhead_s: _Optional[float] = ...) -> None: ...
+    reported_fixed_s: float
+    def __init__(self, engine_id: _Optional[str] = ..., linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., fixed_s: _Optional[float] = ..., noise: _Optional[float] = ..., calibration_samples: _Optional[int] = ..., reported_linear_s_per_token: _Optional[float] = ..., reported_attention_s_per_pair: _Optional[float] = ..., load_factor: _Optional[float] = ..., split_interference: _Optional[float] = ..., split_samples: _Optional[int] = ..., hedge_interference: _Optional[float] = ..., hedge_samples: _Optional[int] = ..., load_s_per_byte: _Optional[float] = ..., load_samples: _Optional[int] = ..., split_scatter: _Optional[float] = ..., split_overhead_s: _Optional[float] = ..., reported_fixed_s: _Optional[float] = ...) -> None: ...
 
 class GetLinksResponse(_message.Message):
     __slots__ = ("region", "links", "engines")
@@ -376,14 +378,16 @@ class CudaIpcAccess(_message.Message):
     def __init__(self, descriptor_json: _Optional[bytes] = ...) -> None: ...
 
 class PrefillProfile(_message.Message):
-    __slots__ = ("linear_s_per_token", "attention_s_per_pair", "samples")
+    __slots__ = ("linear_s_per_token", "attention_s_per_pair", "samples", "fixed_s")
     LINEAR_S_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ATTENTION_S_PER_PAIR_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    FIXED_S_FIELD_NUMBER: _ClassVar[int]
     linear_s_per_token: float
     attention_s_per_pair: float
     samples: int
-    def __init__(self, linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    fixed_s: float
+    def __init__(self, linear_s_per_token: _Optional[float] = ..., attention_s_per_pair: _Optional[float] = ..., samples: _Optional[int] = ..., fixed_s: _Optional[float] = ...) -> None: ...
 
 class RegisterPoolRequest(_message.Message):
     __slots__ = ("engine_id", "model_id", "layout", "shm", "nixl", "cuda", "profile")
