@@ -5,7 +5,7 @@
 //! - [`regions`]: two regions (daemon + reference engine each, separate processes) inside the
 //!   emulator's namespaces;
 //! - [`session`]: seed, migrate and verify one session through the router API;
-//! - [`run`]: the sweep (profiles × sizes, baselines, decision quality) and its outputs;
+//! - [`run`](mod@run): the sweep (profiles × sizes, baselines, decision quality) and its outputs;
 //! - [`vllm`]: `--engine vllm`, real vLLM servers as the engines and their decision sweep.
 //!
 //! The results' types, statistics, Markdown and plots live in `kvferry-bench-report` (pure);

@@ -426,7 +426,7 @@ pub fn prediction_error(predicted_s: f64, measured_s: f64) -> f64 {
 
 /// The goodput sample a fetch gives, as seconds on the wire for its bytes: the round trip of
 /// the request taken out (the model adds the RTT separately), only from transfers of at least
-/// [`GOODPUT_SAMPLE_MIN_BYTES`] (smaller ones measure fixed costs, not the pipe).
+/// `GOODPUT_SAMPLE_MIN_BYTES` (smaller ones measure fixed costs, not the pipe).
 pub fn goodput_sample_s(bytes: u64, wall: Duration, rtt: Duration) -> Option<f64> {
     (bytes >= GOODPUT_SAMPLE_MIN_BYTES).then(|| (wall.as_secs_f64() - rtt.as_secs_f64()).max(1e-6))
 }

@@ -337,7 +337,7 @@ pub fn plan_migration(
 /// Whether to hedge `plan`: start the other pure action beside it and keep whichever finishes
 /// first. Only a pure fetch or recompute of the whole prefix is hedged (nothing ready here,
 /// the tokens at hand, a fetch the egress cap allows and a source that holds every block),
-/// with both calibrated predictions; then [`hedge`](crate::calibration::hedge) decides.
+/// with both calibrated predictions; then [`hedge`](fn@crate::calibration::hedge) decides.
 /// `Some` only when it answers [`HedgeChoice::Hedge`](crate::HedgeChoice::Hedge).
 pub fn plan_hedge(
     plan: &MigrationPlan,
@@ -349,7 +349,7 @@ pub fn plan_hedge(
     consider_hedge(plan, h, fetch, recompute, policy).filter(|d| d.choice == crate::HedgeChoice::Hedge)
 }
 
-/// What [`hedge`](crate::calibration::hedge) answered for `plan`, hedge or not (its reason says
+/// What [`hedge`](fn@crate::calibration::hedge) answered for `plan`, hedge or not (its reason says
 /// why not); `None` where no hedge was weighed at all (policy off, not a pure whole-prefix
 /// action, a prediction missing).
 pub fn consider_hedge(

@@ -1,5 +1,5 @@
 //! Reading and writing protocol frames on a link's channels (QUIC streams or TLS-over-TCP
-//! connections, see [`crate::link`]), and the sources and sinks of chunk bytes that the
+//! connections, see `crate::link`), and the sources and sinks of chunk bytes that the
 //! transfer driver moves between pools and channels.
 
 use std::future::Future;

@@ -21,7 +21,7 @@
 //! connection already open keeps running (its transfers finish) unless its peer's chain no
 //! longer verifies against the new bundle: then it is *retired* — taken out of the connection
 //! cache so that nothing new starts on it, and closed once no transfer, query or probe uses it
-//! (counted per connection by [`PeerNode::in_use`]). TCP sessions live as long as their job:
+//! (counted per connection by `PeerNode::in_use`). TCP sessions live as long as their job:
 //! a reload counts the open ones as kept or retired the same way, and a retired one simply
 //! ends with its job.
 

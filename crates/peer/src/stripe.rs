@@ -2,7 +2,7 @@
 //! requested blocks each stripe fetches. Each stripe is its own transfer on its own connection,
 //! so quinn drives the stripes' packets in separate tasks (separate runtime worker threads);
 //! one connection's packets are always processed by one task. No I/O here; the requester
-//! driver ([`crate::requester`]) runs the stripes.
+//! driver (`crate::requester`) runs the stripes.
 
 use std::ops::Range;
 

@@ -510,7 +510,7 @@ impl PeerNode {
 }
 
 /// At most this many accepted TCP connections may be in their unauthenticated phase (TLS
-/// handshake and preamble, each bounded by [`SETUP_BOUND`]) at once; a new one beyond it
+/// handshake and preamble, each bounded by `SETUP_BOUND`) at once; a new one beyond it
 /// closes the one that has waited longest, so a flood of silent connections neither grows
 /// without bound nor locks a real peer out for longer than the flood outpaces its handshake.
 pub const MAX_PENDING: usize = 64;

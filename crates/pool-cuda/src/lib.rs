@@ -5,7 +5,7 @@
 //! copy planner and [`available`], which then returns `false`. With it (cudarc, dynamic
 //! loading: it builds with no CUDA toolkit and loads `libcuda` only at run time):
 //!
-//! - [`CudaBackend::open`] imports the pool with `cuIpcOpenMemHandle_v2` (closed with
+//! - `CudaBackend::open` imports the pool with `cuIpcOpenMemHandle_v2` (closed with
 //!   `cuIpcCloseMemHandle` on drop; the daemon never frees memory it does not own) and
 //!   implements [`kvferry_pool::MemoryBackend`];
 //! - staging is ordinary [`kvferry_pool::Staging`] pinned with `cuMemHostRegister`
@@ -14,7 +14,7 @@
 //!   extent or as one launch of the NVRTC-compiled kernel in `native/kv_gather.cu`
 //!   ([`KERNEL_SOURCE`]), chosen per direction by configuration or by a measurement at open;
 //!   completion is an event, polled without blocking the async runtime, under a deadline;
-//! - [`EnginePool`] is the engine side (tests, benchmarks, a reference engine): device memory
+//! - `EnginePool` is the engine side (tests, benchmarks, a reference engine): device memory
 //!   from raw `cuMemAlloc` (cudarc's own allocations cannot be exported) and its IPC handle.
 //!
 //! Every entry point that needs the driver checks [`available`] first: with no driver it

@@ -197,7 +197,7 @@ impl RecomputeCalibration {
     /// The size correction (see [`SizeCorrection`]): at a prefill the fit predicts at `s`
     /// seconds, the factor `exp(Σ wᵢ rᵢ / (w₀ + Σ wᵢ))` over the window's recomputes, `rᵢ` the
     /// log residual of each against the fit now, `wᵢ` its forgetting weight times a Gaussian
-    /// kernel in `ln s − ln ŝᵢ` ([`SIZE_KERNEL_LN`]), `w₀` [`SIZE_PRIOR_WEIGHT`]. `None`
+    /// kernel in `ln s − ln ŝᵢ` (`SIZE_KERNEL_LN`), `w₀` `SIZE_PRIOR_WEIGHT`. `None`
     /// before the first sample. Tabulated over the samples' sizes widened by four kernel
     /// widths each way, flat beyond; [`ComputeModel::recompute_span_seconds`] applies it.
     pub fn size_correction(&self) -> Option<SizeCorrection> {
