@@ -19,6 +19,12 @@ use tokio::process::Command;
 use crate::regions::{Region, Regions, ns_connect};
 use crate::session::{self, Allow};
 
+/// Prompt lengths vLLM B prefills before the sweep, so that its first profile has steps from
+/// 64 to 1,024 tokens: the eight at 200–500 tokens it had before could not tell the fixed cost
+/// per step from the cost per token (one run's first fit had no fixed cost and 0.67 ms/token,
+/// `bench/results/bench-vllm-2026-12-07/`).
+const WARM_PREFILL_TOKENS: [usize; 8] = [200, 300, 400, 64, 1024, 128, 512, 768];
+
 /// The vLLM servers' port inside each namespace.
 pub const VLLM_PORT: u16 = 8000;
 
@@ -206,12 +212,14 @@ pub async fn decisions(
     let bs = u64::from(v.block_size);
     let (a, b) = (&regions.a.clone(), &regions.b.clone());
     let mut mig = regions.migration(Side::B).await?;
-    // vLLM B measures its own prefill profile from its steps: give it some to time.
-    for i in 0..8u64 {
-        let p = session::prompt(200 + 100 * (i % 4) as usize, seed + i);
+    // vLLM B measures its own prefill profile from its steps: give it some to time, of lengths
+    // spread widely enough to tell its fixed cost per step from its cost per token (the
+    // connector skips its first three steps, its warm-up).
+    for (i, n) in (0u64..).zip(WARM_PREFILL_TOKENS) {
+        let p = session::prompt(n.min(v.max_model_len as usize - 32), seed + i);
         complete(b, v, &p, 2, &format!("warm-{seed}-{i}")).await?;
     }
-    seed += 8;
+    seed += WARM_PREFILL_TOKENS.len() as u64;
     // Short fetches, not scored, as in the reference engine's sweep: a daemon in service has
     // fetched many short prefixes before any one decision, and without them the first point's
     // fetch is the daemons' first transfer on a cold link.
