@@ -67,18 +67,29 @@ class ProfileFit:
         with every term non-negative and the linear one positive. Each subset of the terms
         (always with the linear one) is solved from its normal equations; the feasible
         solution with the smallest squared error wins, so a fixed or attention term the
-        samples do not support is 0 rather than negative."""
+        samples do not support is 0 rather than negative. One pass over the window gathers
+        the sums every subset needs."""
         with self._lock:
             s = list(self._samples)
         if not s:
             return None
-        rows = [(1.0, n, p) for n, p, _ in s]
-        ys = [t for _, _, t in s]
+        # Columns (1, n, pairs) scaled to unit size, for the conditioning of the sums.
+        scale = [1.0, max(n for n, _, _ in s), max(max(p for _, p, _ in s), 1e-300)]
+        g = [[0.0] * 3 for _ in range(3)]
+        b = [0.0] * 3
+        yy = 0.0
+        for n, p, t in s:
+            x = (1.0, n / scale[1], p / scale[2])
+            for i in range(3):
+                b[i] += x[i] * t
+                for j in range(3):
+                    g[i][j] += x[i] * x[j]
+            yy += t * t
         best: tuple[float, list[float]] | None = None
         for terms in ((0, 1, 2), (1, 2), (0, 1), (1,)):
             if len(s) < len(terms):
                 continue
-            coef = _least_squares([[r[j] for j in terms] for r in rows], ys)
+            coef = _solve([[g[i][j] for j in terms] for i in terms], [b[i] for i in terms])
             if coef is None:
                 continue
             full = [0.0, 0.0, 0.0]
@@ -86,37 +97,36 @@ class ProfileFit:
                 full[j] = c
             if not (full[1] > 0 and full[0] >= 0 and full[2] >= 0):
                 continue
-            err = sum(
-                (y - (full[0] + full[1] * r[1] + full[2] * r[2])) ** 2 for r, y in zip(rows, ys, strict=True)
-            )
-            if best is None or err < best[0] * (1 - 1e-9):
+            # |y - X c|^2 = y'y - 2 c'X'y + c'X'X c
+            err = yy - 2 * sum(full[i] * b[i] for i in range(3))
+            err += sum(full[i] * g[i][j] * full[j] for i in range(3) for j in range(3))
+            if best is None or err < best[0] - 1e-12 * max(yy, 1e-300):
                 best = (err, full)
         if best is None:
             # Every subset infeasible (a negative slope through the samples): the mean cost
             # per token, as before the fixed term existed.
-            full = [0.0, sum(ys) / sum(r[1] for r in rows), 0.0]
-        else:
-            full = best[1]
-        return Fit(linear_s_per_token=full[1], attention_s_per_pair=full[2], samples=len(s), fixed_s=full[0])
+            return Fit(
+                linear_s_per_token=sum(t for _, _, t in s) / sum(n for n, _, _ in s),
+                attention_s_per_pair=0.0,
+                samples=len(s),
+            )
+        f, a, c = (best[1][i] / scale[i] for i in range(3))
+        return Fit(linear_s_per_token=a, attention_s_per_pair=c, samples=len(s), fixed_s=f)
 
 
-def _least_squares(x: list[list[float]], y: list[float]) -> list[float] | None:
-    """Solves min |x b - y|^2 by its normal equations (columns scaled to unit size, Gaussian
-    elimination with partial pivoting); None when they are singular."""
-    k = len(x[0])
-    scale = [max(max(abs(r[j]) for r in x), 1e-300) for j in range(k)]
-    xs = [[r[j] / scale[j] for j in range(k)] for r in x]
-    a = [
-        [sum(r[i] * r[j] for r in xs) for j in range(k)] + [sum(r[i] * t for r, t in zip(xs, y, strict=True))]
-        for i in range(k)
-    ]
+def _solve(a: list[list[float]], y: list[float]) -> list[float] | None:
+    """Solves the square system ``a x = y`` (Gaussian elimination with partial pivoting);
+    None when it is singular."""
+    k = len(y)
+    m = [row[:] + [v] for row, v in zip(a, y, strict=True)]
+    top = max(1.0, max(abs(m[i][i]) for i in range(k)))
     for c in range(k):
-        piv = max(range(c, k), key=lambda i: abs(a[i][c]))
-        if abs(a[piv][c]) < 1e-12 * max(1.0, max(abs(a[i][i]) for i in range(k))):
+        piv = max(range(c, k), key=lambda i: abs(m[i][c]))
+        if abs(m[piv][c]) < 1e-12 * top:
             return None
-        a[c], a[piv] = a[piv], a[c]
+        m[c], m[piv] = m[piv], m[c]
         for i in range(k):
             if i != c:
-                f = a[i][c] / a[c][c]
-                a[i] = [u - f * v for u, v in zip(a[i], a[c], strict=True)]
-    return [a[i][k] / a[i][i] / scale[i] for i in range(k)]
+                f = m[i][c] / m[c][c]
+                m[i] = [u - f * v for u, v in zip(m[i], m[c], strict=True)]
+    return [m[i][k] / m[i][i] for i in range(k)]
