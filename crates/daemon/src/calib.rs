@@ -113,8 +113,7 @@ impl Calibrations {
         let e = match all.get_mut(engine_id) {
             Some(e) => {
                 if e.base != profile {
-                    e.cal.rebase(&prior).ok()?;
-                    e.cal.set_fixed_prior(profile.fixed_s).ok()?;
+                    e.cal.rebase_with_fixed(&prior, profile.fixed_s).ok()?;
                     e.base = profile;
                 }
                 e

@@ -157,8 +157,20 @@ impl RecomputeCalibration {
     /// The engine reported a new profile: keep the window, re-express it against the new
     /// profile, and refit. The corrections then are relative to the new profile.
     pub fn rebase(&mut self, profile: &ComputeModel) -> Result<(), CalibrationError> {
+        self.rebase_with_fixed(profile, self.fixed_prior_s)
+    }
+
+    /// [`rebase`](Self::rebase) and [`set_fixed_prior`](Self::set_fixed_prior) in one refit:
+    /// the engine reported a new profile with its fixed cost per step.
+    pub fn rebase_with_fixed(
+        &mut self,
+        profile: &ComputeModel,
+        fixed_s: f64,
+    ) -> Result<(), CalibrationError> {
+        let fixed = sample_non_negative("recompute fixed prior", fixed_s, MAX_FIXED_PRIOR_S)?;
         let (linear_s, attention_s) = terms_of(profile)?;
-        let (mean, sd) = prior_of(&self.spread, self.fixed_prior_s)?;
+        let (mean, sd) = prior_of(&self.spread, fixed)?;
+        self.fixed_prior_s = fixed;
         let (old_l, old_a) = (self.linear_s, self.attention_s);
         let rescale = |x: &[f64; D]| {
             let l = if old_l > 0.0 { x[2] / old_l * linear_s } else { 0.0 };
