@@ -200,6 +200,19 @@ pub struct Sweep {
     pub decide: Allow,
 }
 
+/// vLLM A prefills `tokens` under the bench tenant, and daemon B (through `mig`) waits until
+/// the peers report `n` of them held; returns B's decision at that point.
+async fn hold_on_a(
+    a: &Region,
+    v: &VllmOptions,
+    mig: &mut kvferry_proto::v1::migration_client::MigrationClient<tonic::transport::Channel>,
+    tokens: &[u32],
+    n: u64,
+) -> anyhow::Result<kvferry_proto::v1::Decision> {
+    complete(a, v, tokens, 1, session::TENANT).await?;
+    session::wait_for_holdings(mig, tokens, n, Duration::from_secs(60)).await
+}
+
 /// The decision-quality sweep with vLLM engines (see the module doc).
 pub async fn decisions(
     Sweep { points, quick, decide }: Sweep,
@@ -227,8 +240,7 @@ pub async fn decisions(
     for n in crate::run::WARM_SHORT_FETCH_BLOCKS.map(|k| k * bs) {
         let x = session::prompt(n as usize, seed);
         seed += 1;
-        complete(a, v, &x, 1, session::TENANT).await?;
-        session::wait_for_holdings(&mut mig, &x, n, Duration::from_secs(60)).await?;
+        hold_on_a(a, v, &mut mig, &x, n).await?;
         let m = session::migrate(
             &mut mig,
             &format!("vllm-warm-short-{seed}"),
@@ -247,8 +259,7 @@ pub async fn decisions(
     let max_tokens = (u64::from(v.max_model_len) - 32) / bs * bs;
     let probe = session::prompt(max_tokens as usize, seed);
     seed += 1;
-    complete(a, v, &probe, 1, session::TENANT).await?;
-    let d0 = session::wait_for_holdings(&mut mig, &probe, max_tokens, Duration::from_secs(60)).await?;
+    let d0 = hold_on_a(a, v, &mut mig, &probe, max_tokens).await?;
     let crossover = d0.crossover_tokens;
     let grid = crate::run::probe_band(&mut mig, &probe, max_tokens, bs).await?;
     let lengths = crate::run::band_sweep(&grid, crossover, points, max_tokens, bs);
@@ -266,8 +277,7 @@ pub async fn decisions(
             let y = session::prompt(n as usize, seed + 1);
             let w = session::prompt(n as usize, seed + 2);
             seed += 3;
-            complete(a, v, &x, 1, session::TENANT).await?;
-            session::wait_for_holdings(&mut mig, &x, n, Duration::from_secs(60)).await?;
+            hold_on_a(a, v, &mut mig, &x, n).await?;
             let t = Instant::now();
             let d = session::plan(&mut mig, &x, decide).await?;
             let plan_s = t.elapsed().as_secs_f64();
@@ -289,8 +299,7 @@ pub async fn decisions(
             p.fetch_load_s = load_s;
             p.measured_fetch_s += load_s;
             if d.hedge {
-                complete(a, v, &w, 1, session::TENANT).await?;
-                session::wait_for_holdings(&mut mig, &w, n, Duration::from_secs(60)).await?;
+                hold_on_a(a, v, &mut mig, &w, n).await?;
                 let hedged = session::migrate(
                     &mut mig,
                     &format!("vllm-dq-hedge-{seed}"),
