@@ -32,6 +32,9 @@ REPO = Path(__file__).resolve().parents[2]
 _PORT_LO, _PORT_HI = 20000, 32000
 _handed_out: set[int] = set()
 
+# glibc's allocator settings for the vLLM servers (crates/bench/src/vllm.rs has the reasons).
+VLLM_MALLOC_TUNABLES = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
+
 
 def _ephemeral_range() -> range:
     try:
@@ -225,9 +228,21 @@ chunk_bytes = {self.chunk_bytes}
         e = dict(env)
         e["VLLM_CPU_OMP_THREADS_BIND"] = self.cpu
         e["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # The single-process engine ignores VLLM_CPU_OMP_THREADS_BIND (only vLLM's multi-process
+        # executor binds): one OpenMP thread on this region's CPU, set here, and glibc's
+        # allocator kept from handing each step's memory back to the kernel (the bench's
+        # settings, `kvferry_bench::vllm::VLLM_MALLOC_TUNABLES`; see its doc).
+        e["OMP_NUM_THREADS"] = "1"
+        e["GLIBC_TUNABLES"] = VLLM_MALLOC_TUNABLES
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+        cpus = {int(self.cpu)} & os.sched_getaffinity(0)
         self.vllm = subprocess.Popen(
-            self.vllm_cmd(), stdout=log, stderr=subprocess.STDOUT, env=e, start_new_session=True
+            self.vllm_cmd(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=e,
+            start_new_session=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
 
     def wait_vllm(self) -> None:

@@ -23,7 +23,23 @@ use crate::session::{self, Allow};
 /// 64 to 1,024 tokens: the eight at 200–500 tokens it had before could not tell the fixed cost
 /// per step from the cost per token (one run's first fit had no fixed cost and 0.67 ms/token,
 /// `bench/results/bench-vllm-2026-12-07/`).
-const WARM_PREFILL_TOKENS: [usize; 8] = [200, 300, 400, 64, 1024, 128, 512, 768];
+///
+/// The last is the longest prompt the engine takes (`max_model_len` less 32): the allocator
+/// keeps what a step frees ([`VLLM_MALLOC_TUNABLES`]), but the first step longer than any before
+/// it still grows the heap and faults its new pages in (a 1,024-token step 0.55 s, 14 ticks of
+/// system time, where later ones took 0.20 s); a replica in service has long reached that size.
+const WARM_PREFILL_TOKENS: [usize; 9] = [200, 300, 400, 64, 1024, 128, 512, 768, usize::MAX];
+
+/// glibc's allocator settings for the vLLM engines: keep freed memory for reuse (a trim
+/// threshold of 4 GiB, and a fixed mmap threshold at glibc's largest, 32 MiB, instead of the
+/// dynamic one), as the tcmalloc that vLLM's CPU guide preloads does. With glibc's defaults a
+/// prefill's activations went back to the kernel after each step and the next step faulted
+/// them in again: on this VM a first touch costs ~8 µs, and a 1,920-token step of vLLM B spent
+/// 0.30 s of system time in 38,000 page faults beside 0.47 s of its own computation (0.05 s and
+/// 24,000 faults in the next step of that length): the same step's time varied 1.5–2×. With
+/// these settings a repeated length faults nothing (`bench/results/bench-vllm-2026-12-07-pinned/`).
+pub const VLLM_MALLOC_TUNABLES: &str =
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296";
 
 /// The vLLM servers' port inside each namespace.
 pub const VLLM_PORT: u16 = 8000;
@@ -112,11 +128,43 @@ impl VllmOptions {
             .arg("--kv-transfer-config")
             .arg(self.kv_transfer_config(r))
             .env("VLLM_CPU_OMP_THREADS_BIND", cpu.to_string())
+            .env("OMP_NUM_THREADS", "1")
+            .env("GLIBC_TUNABLES", VLLM_MALLOC_TUNABLES)
             .env("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             .env("HF_HUB_OFFLINE", "1")
             .env("VLLM_NO_USAGE_STATS", "1")
             .env("DO_NOT_TRACK", "1");
+        pin_to_cpu(&mut cmd, cpu);
         cmd
+    }
+}
+
+/// Runs `cmd`'s process (and all it starts) on CPU `cpu` alone.
+///
+/// vLLM's CPU build binds its OpenMP threads to `VLLM_CPU_OMP_THREADS_BIND` only in its
+/// multi-process executor; the single-process engine the bench runs
+/// (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) ignores it and runs one OpenMP thread per CPU of the
+/// host, unbound. On this 2-core host both engines then spread over both cores beside the
+/// daemons and the emulator, and a prefill's OpenMP threads wait for each other whenever one
+/// is descheduled: vLLM B's steps took 2–4× their time on an idle host and varied 2–4× at one
+/// length (`bench/results/bench-vllm-2026-12-07-pinned/`). Each engine gets its own core and
+/// one thread, as vLLM's CPU deployment guide asks of a replica. The daemons and the emulator
+/// are not pinned.
+fn pin_to_cpu(cmd: &mut Command, cpu: usize) {
+    // SAFETY: the closure runs in the forked child before `exec`; it only fills a local
+    // `cpu_set_t` (plain data, all-zero is a valid empty set) and makes one
+    // `sched_setaffinity` system call, both async-signal-safe, and touches no lock, allocation
+    // or state shared with the parent. A CPU the host lacks makes the call fail, which leaves
+    // the child unpinned rather than failing its start.
+    unsafe {
+        cmd.pre_exec(move || {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if cpu < libc::CPU_SETSIZE as usize {
+                libc::CPU_SET(cpu, &mut set);
+                let _ = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            Ok(())
+        });
     }
 }
 
@@ -253,6 +301,12 @@ pub async fn decisions(
             bail!("warm-up fetch of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
         }
         walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+        // vLLM B's next turn loads what was fetched, as after every scored fetch: the
+        // connector's first Load sets up NIXL's connection to the daemon (~25 ms, once per
+        // pool), which a scored point paid before (`bench/results/bench-vllm-2026-12-07-pinned/`).
+        let mut turn = x.clone();
+        turn.extend(session::prompt(16, seed + 7));
+        complete(b, v, &turn, 1, session::TENANT).await?;
     }
     println!("  short fetches (calibration, not scored), tokens: s — {}", walls.join(", "));
     // The longest prefix vLLM can hold in one request, in whole blocks.
