@@ -235,7 +235,7 @@ chunk_bytes = {self.chunk_bytes}
         e["OMP_NUM_THREADS"] = "1"
         e["GLIBC_TUNABLES"] = VLLM_MALLOC_TUNABLES
         e.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-        cpus = {int(self.cpu)} & os.sched_getaffinity(0)
+        cpus = {int(self.cpu)} & os.sched_getaffinity(0) if self.cpu.isdigit() else set()
         self.vllm = subprocess.Popen(
             self.vllm_cmd(),
             stdout=log,

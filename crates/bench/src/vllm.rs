@@ -27,7 +27,8 @@ use crate::session::{self, Allow};
 /// The last is the longest prompt the engine takes (`max_model_len` less 32): the allocator
 /// keeps what a step frees ([`VLLM_MALLOC_TUNABLES`]), but the first step longer than any before
 /// it still grows the heap and faults its new pages in (a 1,024-token step 0.55 s, 14 ticks of
-/// system time, where later ones took 0.20 s); a replica in service has long reached that size.
+/// system time, where later ones took 0.20–0.30 s); a replica in service has long reached that
+/// size.
 const WARM_PREFILL_TOKENS: [usize; 9] = [200, 300, 400, 64, 1024, 128, 512, 768, usize::MAX];
 
 /// glibc's allocator settings for the vLLM engines: keep freed memory for reuse (a trim
