@@ -299,8 +299,9 @@ pub struct Limits {
     /// Bytes of fetched blocks held until engines load them.
     pub landing_zone_bytes: u64,
     /// Fault in the landing zone's free capacity as block buffers when an engine registers
-    /// (in the background), so that fetches land in memory already mapped: the daemon's
-    /// resident memory then reaches `landing_zone_bytes` at once instead of as it fills.
+    /// (in the background, on a thread at `SCHED_IDLE` priority), so that fetches land in
+    /// memory already mapped: the daemon's resident memory then reaches `landing_zone_bytes`
+    /// at once instead of as it fills.
     pub landing_prefault: bool,
     /// Largest token list a request may carry.
     pub max_tokens: u64,

@@ -359,12 +359,14 @@ impl Engine for EngineService {
         if self.shared.config.limits.landing_prefault {
             let shape = BlockShape::of(&layout).map_err(DaemonError::internal)?;
             let (zone, engine) = (self.shared.landing.clone(), r.engine_id.clone());
-            tokio::task::spawn_blocking(move || {
-                let t0 = Instant::now();
-                let added = zone.prefault(shape.block_bytes() as usize);
-                tracing::info!(engine = ?engine, bytes = added, seconds = t0.elapsed().as_secs_f64(),
-                    "landing zone prefaulted for this engine's block size");
-            });
+            let spawned =
+                crate::landing::spawn_prefault(zone, shape.block_bytes() as usize, move |added, seconds| {
+                    tracing::info!(engine = ?engine, bytes = added, seconds,
+                    "landing zone prefaulted for this engine's block size (idle priority)");
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "could not start the landing zone's prefault; fetches fault their memory in");
+            }
         }
         let lease_id = format!("{:032x}", rand::random::<u128>());
         let entry = Arc::new(EngineEntry {

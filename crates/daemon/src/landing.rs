@@ -15,7 +15,10 @@
 //! a spare or keeping one never adds memory, and before a fresh allocation the zone drops
 //! spares until `used + reserved + spare` fits (what a fetch took is within its reservation).
 //! [`LandingZone::prefault`] fills the free capacity with spares up front (`[limits]
-//! landing_prefault`), so even a daemon's first fetches land in memory already faulted in.
+//! landing_prefault`), so even a daemon's first fetches land in memory already faulted in;
+//! [`spawn_prefault`] runs it on its own thread at idle priority, because faulting a zone in
+//! costs a whole core for seconds (3 GiB took 10–15 s here) and it starts when an engine
+//! registers, beside that engine's own start and first requests.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -268,6 +271,49 @@ impl LandingZone {
     }
 }
 
+/// Runs [`LandingZone::prefault`] on a thread of its own at `SCHED_IDLE` priority (only on CPU
+/// time no other thread wants), and calls `done` with the bytes it added and its seconds.
+///
+/// Faulting a zone in is a background optimisation, never worth slowing an engine for: on
+/// this host the bench's vLLM sweeps shared their two cores with both daemons' prefaults
+/// (3 GiB each, 10–15 s of a core) and their decisions were the worse for it. A thread of its
+/// own, not the blocking pool's: the priority stays with the thread. If the kernel refuses
+/// the priority, the prefault runs at normal priority.
+pub fn spawn_prefault(
+    zone: Arc<LandingZone>,
+    len: usize,
+    done: impl FnOnce(u64, f64) + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    spawn_idle("kvferry-prefault", move || {
+        let t0 = std::time::Instant::now();
+        let added = zone.prefault(len);
+        done(added, t0.elapsed().as_secs_f64());
+    })
+}
+
+/// Spawns `f` on a named thread lowered to `SCHED_IDLE` before `f` runs.
+fn spawn_idle<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new().name(name.into()).spawn(move || {
+        if let Err(e) = lower_to_idle() {
+            tracing::debug!(error = %e, "could not lower the thread to SCHED_IDLE");
+        }
+        f()
+    })
+}
+
+/// Lowers the calling thread (Linux: pid 0 is the calling thread) to `SCHED_IDLE`.
+fn lower_to_idle() -> std::io::Result<()> {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` only reads `param`, a valid, initialised `sched_param` that
+    // outlives the call; pid 0 names the calling thread alone; SCHED_IDLE requires priority
+    // 0, which `param` holds. No memory is shared or freed.
+    let rc = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+}
+
 /// Keeps `bytes` as a spare if nobody else holds it (an engine's load may still read it).
 fn keep_spare(g: &mut Inner, bytes: Arc<Vec<u8>>) {
     if let Ok(b) = Arc::try_unwrap(bytes) {
@@ -398,6 +444,21 @@ mod tests {
         assert_eq!(z.spare_bytes(), 100, "the duplicate's buffer is kept");
         assert_eq!(z.get("a", &[2; 32]).unwrap().bytes[0], 6, "the first copy stays visible");
         drop(shared);
+    }
+
+    #[test]
+    fn spawned_prefault_runs_at_idle_priority_and_fills_the_zone() {
+        // SAFETY: `sched_getscheduler(0)` reads the calling thread's policy; no pointers.
+        let policy = spawn_idle("t", || unsafe { libc::sched_getscheduler(0) }).unwrap().join().unwrap();
+        assert_eq!(policy, libc::SCHED_IDLE, "the prefault thread runs at idle priority");
+        // SAFETY: as above.
+        let mine = unsafe { libc::sched_getscheduler(0) };
+        assert_ne!(mine, libc::SCHED_IDLE, "the caller's own policy is untouched");
+        let z = LandingZone::new(1000);
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn_prefault(z.clone(), 100, move |added, _s| tx.send(added).unwrap()).unwrap().join().unwrap();
+        assert_eq!(rx.recv().unwrap(), 1000);
+        assert_eq!(z.prefault(100), 0, "the spawned prefault filled the zone");
     }
 
     #[test]
