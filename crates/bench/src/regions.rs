@@ -251,6 +251,13 @@ impl Regions {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
+            // vLLM registers its pool while it starts, and each daemon then faults its landing
+            // zone in on a blocking thread: a sweep started before that ends shares the two
+            // cores with it (a 3 GiB zone took 10-15 s a daemon here and overlapped the first
+            // 5-10 s of the scored sweep, when the vLLM sweeps' decisions spread most).
+            if o.landing_prefault {
+                me.wait_prefaulted(o.landing_bytes, deadline).await?;
+            }
             return Ok(me);
         }
         for side in [Side::A, Side::B] {

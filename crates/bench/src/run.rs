@@ -340,7 +340,12 @@ pub async fn run(a: &BenchArgs, command: String) -> anyhow::Result<BenchReport> 
             rtt_ms: link.rtt_s * 1e3,
             congestion,
             streams: a.streams,
-            landing_bytes: (max_session + max_session / 2).max(512 * MIB),
+            // vLLM's fetches are at most its KV pool (`--kv-cache-memory-bytes`); the zone the
+            // throughput sizes need (3 GiB for 2 GiB) took 10-15 s a daemon to fault in.
+            landing_bytes: match &vllm {
+                Some(v) => (4 * v.kv_bytes).max(256 * MIB),
+                None => (max_session + max_session / 2).max(512 * MIB),
+            },
             // A daemon that has run a while lands in memory it already faulted in; a fresh
             // one would pay ~0.5 s/GiB (2.4 s/GiB for memory this VM never touched) in the
             // first fetches' CPU figures (`bench/results/cpu-profile-2026-12-03/`).

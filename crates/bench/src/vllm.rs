@@ -31,6 +31,10 @@ use crate::session::{self, Allow};
 /// size.
 const WARM_PREFILL_TOKENS: [usize; 9] = [200, 300, 400, 64, 1024, 128, 512, 768, usize::MAX];
 
+/// Lengths vLLM B recomputes on daemon B's command before the sweep (whole blocks, at most the
+/// longest prefix it takes): the sweep's range, short and long, in no order.
+const WARM_RECOMPUTE_TOKENS: [u64; 4] = [128, 1920, 512, 1024];
+
 /// glibc's allocator settings for the vLLM engines: keep freed memory for reuse (a trim
 /// threshold of 4 GiB, and a fixed mmap threshold at glibc's largest, 32 MiB, instead of the
 /// dynamic one), as the tcmalloc that vLLM's CPU guide preloads does. With glibc's defaults a
@@ -262,6 +266,25 @@ async fn hold_on_a(
     session::wait_for_holdings(mig, tokens, n, Duration::from_secs(60)).await
 }
 
+/// vLLM B's next turn in the conversation whose first `prefix` tokens a migration brought:
+/// 16 new tokens (of `seed`) after them. Returns the tokens vLLM reported cached and the
+/// seconds its connector spent loading fetched blocks in that turn (the target daemon's
+/// engine-load counter), which is where a fetch ends for vLLM.
+async fn next_turn(
+    regions: &Regions,
+    b: &Region,
+    v: &VllmOptions,
+    prefix: &[u32],
+    seed: u64,
+) -> anyhow::Result<(u64, f64)> {
+    let mut turn = prefix.to_vec();
+    turn.extend(session::prompt(16, seed));
+    let us0 = crate::run::target_load_us(regions).await;
+    let cached = complete(b, v, &turn, 1, session::TENANT).await?;
+    let load_s = (crate::run::target_load_us(regions).await - us0).max(0.0) / 1e6;
+    Ok((cached, load_s))
+}
+
 /// The decision-quality sweep with vLLM engines (see the module doc).
 pub async fn decisions(
     Sweep { points, quick, decide }: Sweep,
@@ -305,13 +328,36 @@ pub async fn decisions(
         // vLLM B's next turn loads what was fetched, as after every scored fetch: the
         // connector's first Load sets up NIXL's connection to the daemon (~25 ms, once per
         // pool), which a scored point paid before (`bench/results/bench-vllm-2026-12-07-pinned/`).
-        let mut turn = x.clone();
-        turn.extend(session::prompt(16, seed + 7));
-        complete(b, v, &turn, 1, session::TENANT).await?;
+        next_turn(regions, b, v, &x, seed + 7).await?;
     }
     println!("  short fetches (calibration, not scored), tokens: s — {}", walls.join(", "));
-    // The longest prefix vLLM can hold in one request, in whole blocks.
+    // Recomputes across the sweep's range, not scored: a daemon in service has recomputed
+    // prefixes of many lengths before any one decision. Without them the first points'
+    // recompute is predicted from vLLM's step profile alone, short by the command's own path
+    // (~12 ms: the connector's request to its server, scheduling, the token generated), and
+    // the defaults' first point, a near-tie at 128 tokens, was missed by up to 39 %. Not short
+    // ones only: eight of 128-768 tokens fixed the short predictions but moved the fit's scale,
+    // and 1,920 tokens were then predicted 0.80 s for 0.52 s measured
+    // (`bench/results/bench-vllm-2026-12-07-prefault/README.md`).
     let max_tokens = (u64::from(v.max_model_len) - 32) / bs * bs;
+    let mut walls = Vec::with_capacity(WARM_RECOMPUTE_TOKENS.len());
+    for n in WARM_RECOMPUTE_TOKENS.map(|t| t.min(max_tokens) / bs * bs) {
+        let y = session::prompt(n as usize, seed);
+        seed += 1;
+        let m = session::migrate(
+            &mut mig,
+            &format!("vllm-warm-recompute-{seed}"),
+            &y,
+            PolicyMode::Recompute,
+            Allow::PURE,
+        )
+        .await?;
+        if m.receipt.kind() != kvferry_proto::v1::Action::Recompute || !m.receipt.fallback.is_empty() {
+            bail!("warm-up recompute of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
+        }
+        walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+    }
+    println!("  recomputes (calibration, not scored), tokens: s — {}", walls.join(", "));
     let probe = session::prompt(max_tokens as usize, seed);
     seed += 1;
     let d0 = hold_on_a(a, v, &mut mig, &probe, max_tokens).await?;
@@ -340,11 +386,7 @@ pub async fn decisions(
                 session::pure_runs(&mut mig, ("vllm-dq", seed), &x, &y, n, bs).await?;
             // The next turn in B finds both prefixes warm (fetched: loaded by the connector;
             // recomputed: vLLM B's own prefix cache).
-            let mut turn = x.clone();
-            turn.extend(session::prompt(16, seed + 7));
-            let us0 = crate::run::target_load_us(regions).await;
-            let cached_fetch = complete(b, v, &turn, 1, session::TENANT).await?;
-            let load_s = (crate::run::target_load_us(regions).await - us0).max(0.0) / 1e6;
+            let (cached_fetch, load_s) = next_turn(regions, b, v, &x, seed + 7).await?;
             if cached_fetch + bs < n {
                 bail!("vLLM B's next turn after a fetch of {n} tokens reported only {cached_fetch} cached");
             }
@@ -366,11 +408,7 @@ pub async fn decisions(
                 session::record_hedge(&mut p, &hedged)?;
                 // As for the fetch: the hedge ends, for vLLM, once its next turn has loaded
                 // what was fetched (nothing after a recompute won).
-                let mut turn = w.clone();
-                turn.extend(session::prompt(16, seed + 8));
-                let us0 = crate::run::target_load_us(regions).await;
-                complete(b, v, &turn, 1, session::TENANT).await?;
-                let load_s = (crate::run::target_load_us(regions).await - us0).max(0.0) / 1e6;
+                let (_, load_s) = next_turn(regions, b, v, &w, seed + 8).await?;
                 if let Some(h) = p.measured_hedge_s.as_mut() {
                     *h += load_s;
                 }
