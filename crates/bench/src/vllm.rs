@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use kvferry_bench_report::{BenchReport, LinkSpec};
-use kvferry_proto::v1::PolicyMode;
+use kvferry_proto::v1::{Action, PolicyMode};
 use kvferry_wanem::{Emulator, Side};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -266,6 +266,28 @@ async fn hold_on_a(
     session::wait_for_holdings(mig, tokens, n, Duration::from_secs(60)).await
 }
 
+/// One unscored migration of the warm-up, of `tokens` as `action` (fetch or recompute, forced);
+/// returns its wall seconds. Fails unless it ran as that action, without a fallback.
+async fn warm_migration(
+    mig: &mut kvferry_proto::v1::migration_client::MigrationClient<tonic::transport::Channel>,
+    session_id: &str,
+    tokens: &[u32],
+    action: Action,
+) -> anyhow::Result<f64> {
+    let mode = if action == Action::Fetch { PolicyMode::Fetch } else { PolicyMode::Recompute };
+    let m = session::migrate(mig, session_id, tokens, mode, Allow::PURE).await?;
+    if m.receipt.kind() != action || !m.receipt.fallback.is_empty() {
+        bail!(
+            "warm-up {} of {} tokens ended as {} ({})",
+            action.as_str_name(),
+            tokens.len(),
+            m.receipt.action,
+            m.receipt.fallback
+        );
+    }
+    Ok(m.receipt.wall_s)
+}
+
 /// vLLM B's next turn in the conversation whose first `prefix` tokens a migration brought:
 /// 16 new tokens (of `seed`) after them. Returns the tokens vLLM reported cached and the
 /// seconds its connector spent loading fetched blocks in that turn (the target daemon's
@@ -313,18 +335,8 @@ pub async fn decisions(
         let x = session::prompt(n as usize, seed);
         seed += 1;
         hold_on_a(a, v, &mut mig, &x, n).await?;
-        let m = session::migrate(
-            &mut mig,
-            &format!("vllm-warm-short-{seed}"),
-            &x,
-            PolicyMode::Fetch,
-            Allow::PURE,
-        )
-        .await?;
-        if m.receipt.kind() != kvferry_proto::v1::Action::Fetch || !m.receipt.fallback.is_empty() {
-            bail!("warm-up fetch of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
-        }
-        walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+        let wall = warm_migration(&mut mig, &format!("vllm-warm-short-{seed}"), &x, Action::Fetch).await?;
+        walls.push(format!("{n}: {wall:.3}"));
         // vLLM B's next turn loads what was fetched, as after every scored fetch: the
         // connector's first Load sets up NIXL's connection to the daemon (~25 ms, once per
         // pool), which a scored point paid before (`bench/results/bench-vllm-2026-12-07-pinned/`).
@@ -335,7 +347,7 @@ pub async fn decisions(
     // prefixes of many lengths before any one decision. Without them the first points'
     // recompute is predicted from vLLM's step profile alone, short by the command's own path
     // (~12 ms: the connector's request to its server, scheduling, the token generated), and
-    // the defaults' first point, a near-tie at 128 tokens, was missed by up to 39 %. Not short
+    // the defaults' first point, a near-tie at 128 tokens, was missed by up to 59 %. Not short
     // ones only: eight of 128-768 tokens fixed the short predictions but moved the fit's scale,
     // and 1,920 tokens were then predicted 0.80 s for 0.52 s measured
     // (`bench/results/bench-vllm-2026-12-07-prefault/README.md`).
@@ -344,18 +356,9 @@ pub async fn decisions(
     for n in WARM_RECOMPUTE_TOKENS.map(|t| t.min(max_tokens) / bs * bs) {
         let y = session::prompt(n as usize, seed);
         seed += 1;
-        let m = session::migrate(
-            &mut mig,
-            &format!("vllm-warm-recompute-{seed}"),
-            &y,
-            PolicyMode::Recompute,
-            Allow::PURE,
-        )
-        .await?;
-        if m.receipt.kind() != kvferry_proto::v1::Action::Recompute || !m.receipt.fallback.is_empty() {
-            bail!("warm-up recompute of {n} tokens ended as {} ({})", m.receipt.action, m.receipt.fallback);
-        }
-        walls.push(format!("{n}: {:.3}", m.receipt.wall_s));
+        let wall =
+            warm_migration(&mut mig, &format!("vllm-warm-recompute-{seed}"), &y, Action::Recompute).await?;
+        walls.push(format!("{n}: {wall:.3}"));
     }
     println!("  recomputes (calibration, not scored), tokens: s — {}", walls.join(", "));
     let probe = session::prompt(max_tokens as usize, seed);
