@@ -251,42 +251,39 @@ impl Regions {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
-            // vLLM registers its pool while it starts, and each daemon then faults its landing
-            // zone in on a blocking thread: a sweep started before that ends shares the two
-            // cores with it (a 3 GiB zone took 10-15 s a daemon here and overlapped the first
-            // 5-10 s of the scored sweep, when the vLLM sweeps' decisions spread most).
-            if o.landing_prefault {
-                me.wait_prefaulted(o.landing_bytes, deadline).await?;
+        } else {
+            for side in [Side::A, Side::B] {
+                let r = me.region(side);
+                let (dir, name) = (r.dir.clone(), r.name);
+                let log = std::fs::File::create(dir.join("engine.log"))?;
+                let mut cmd = Command::from(emu.command(side, &o.exe));
+                cmd.arg("engine")
+                    .arg("--run-dir")
+                    .arg(&dir)
+                    .arg("--engine-id")
+                    .arg(format!("engine-{}", &name[7..]))
+                    .arg("--control")
+                    .arg(dir.join("engine-ctl.sock"))
+                    .args(o.shape.args());
+                cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
+                let child = cmd.spawn().context("spawning kvferry engine")?;
+                let pid = child.id().unwrap_or(0);
+                match side {
+                    Side::A => me.a.engine_pid = pid,
+                    Side::B => me.b.engine_pid = pid,
+                }
+                me.children.push((format!("engine {name}"), child));
             }
-            return Ok(me);
-        }
-        for side in [Side::A, Side::B] {
-            let r = me.region(side);
-            let (dir, name) = (r.dir.clone(), r.name);
-            let log = std::fs::File::create(dir.join("engine.log"))?;
-            let mut cmd = Command::from(emu.command(side, &o.exe));
-            cmd.arg("engine")
-                .arg("--run-dir")
-                .arg(&dir)
-                .arg("--engine-id")
-                .arg(format!("engine-{}", &name[7..]))
-                .arg("--control")
-                .arg(dir.join("engine-ctl.sock"))
-                .args(o.shape.args());
-            cmd.stdout(log.try_clone()?).stderr(log).kill_on_drop(true);
-            let child = cmd.spawn().context("spawning kvferry engine")?;
-            let pid = child.id().unwrap_or(0);
-            match side {
-                Side::A => me.a.engine_pid = pid,
-                Side::B => me.b.engine_pid = pid,
+            for side in [Side::A, Side::B] {
+                let ctl = me.region(side).dir.join("engine-ctl.sock");
+                let name = me.region(side).name;
+                me.wait(&format!("engine in {name}"), deadline, || ctl.exists()).await?;
             }
-            me.children.push((format!("engine {name}"), child));
         }
-        for side in [Side::A, Side::B] {
-            let ctl = me.region(side).dir.join("engine-ctl.sock");
-            let name = me.region(side).name;
-            me.wait(&format!("engine in {name}"), deadline, || ctl.exists()).await?;
-        }
+        // Each engine registers its pool as it starts, and each daemon then faults its landing
+        // zone in (at idle priority): a sweep started before that ends shares the cores with it
+        // (a 3 GiB zone took 10-15 s a daemon here and overlapped the first 5-10 s of the vLLM
+        // sweeps, when their decisions spread most).
         if o.landing_prefault {
             me.wait_prefaulted(o.landing_bytes, deadline).await?;
         }

@@ -350,7 +350,8 @@ pub async fn decisions(
     // the defaults' first point, a near-tie at 128 tokens, was missed by up to 59 %. Not short
     // ones only: eight of 128-768 tokens fixed the short predictions but moved the fit's scale,
     // and 1,920 tokens were then predicted 0.80 s for 0.52 s measured
-    // (`bench/results/bench-vllm-2026-12-07-prefault/README.md`).
+    // (`bench/results/bench-vllm-2026-12-07-prefault/README.md`). The longest prefix vLLM can
+    // hold in one request, in whole blocks, bounds them (and the sweep's probe below).
     let max_tokens = (u64::from(v.max_model_len) - 32) / bs * bs;
     let mut walls = Vec::with_capacity(WARM_RECOMPUTE_TOKENS.len());
     for n in WARM_RECOMPUTE_TOKENS.map(|t| t.min(max_tokens) / bs * bs) {
